@@ -1,0 +1,351 @@
+"""Step 2 of the DDP ladder: the same program on every visible GPU with nn.DataParallel (CPU: one device).
+
+    python dataparallel.py
+    CUDA_VISIBLE_DEVICES=0,1 python dataparallel.py --data cifar10 --download --model resnet18 --epochs 30
+
+DataParallel is the one-line way to use several GPUs, and the wrong way to scale: one Python process
+drives every GPU (the GIL serialises the work), the model is copied to every GPU on every forward,
+and GPU 0 scatters the inputs, gathers the outputs and computes the loss, so it needs more memory
+and time than the others. It does not span machines. PyTorch recommends DistributedDataParallel
+(the next step, ddp_basic.py) even on one machine.
+"""
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, RandomSampler, Subset, TensorDataset
+
+# torchvision is imported inside the functions that need it: it takes seconds to import, and the
+# default run (synthetic data, small CNN) does not use it.
+
+SYNTHETIC_DEFAULTS = {"train": 4096, "val": 1000}
+NUM_SYNTHETIC_CLASSES = 10
+MOMENTUM = 0.9
+
+
+# --- config ------------------------------------------------------------------------------------
+
+class ConfigError(Exception):
+    """Bad input from the user: reported as one line and a non-zero exit, never as a traceback."""
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--epochs", type=int, default=5, help="passes over the training set (default: 5)")
+    parser.add_argument("--batch-size", type=int, default=64,
+                        help="samples per process per optimizer step; the global batch is batch size x "
+                             "world size x accumulation steps (default: 64)")
+    parser.add_argument("--lr", type=float, default=0.05,
+                        help="learning rate for the global batch, used as given (default: 0.05)")
+    parser.add_argument("--weight-decay", type=float, default=5e-4, help="SGD weight decay (default: 5e-4)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed for the model, the synthetic data and the shuffle (default: 0)")
+    parser.add_argument("--data", choices=["synthetic", "cifar10", "imagefolder"], default="synthetic",
+                        help="data set (default: synthetic)")
+    parser.add_argument("--data-dir", default="data",
+                        help="root of cifar10, or of an image tree with train/<class>/* and val/<class>/* "
+                             "(default: data)")
+    parser.add_argument("--download", action="store_true", help="download cifar10 into --data-dir if missing")
+    parser.add_argument("--train-samples", type=int, default=None,
+                        help="size of the synthetic training set, a cap on a real one "
+                             f"(default: {SYNTHETIC_DEFAULTS['train']} synthetic, all real)")
+    parser.add_argument("--val-samples", type=int, default=None,
+                        help="size of the synthetic validation set, a cap on a real one "
+                             f"(default: {SYNTHETIC_DEFAULTS['val']} synthetic, all real)")
+    parser.add_argument("--image-size", type=int, default=32,
+                        help="side of the square images fed to the model, imagefolder only (default: 32)")
+    parser.add_argument("--model", choices=["cnn", "resnet18"], default="cnn",
+                        help="cnn: small and fast, no batch statistics; resnet18: torchvision's (default: cnn)")
+    parser.add_argument("--workers", type=int, default=2, help="data loader processes (default: 2)")
+    parser.add_argument("--out-dir", default=None,
+                        help="where model.pt and metrics.jsonl go (default: runs/<script name>)")
+    parser.add_argument("--log-interval", type=int, default=20,
+                        help="optimizer steps between progress lines (default: 20)")
+    args = parser.parse_args(argv)
+    if args.out_dir is None:
+        args.out_dir = os.path.join("runs", Path(__file__).stem)
+    return args
+
+
+def check_args(args):
+    """Reject settings that cannot work before any process does any work."""
+    for name in ("epochs", "batch_size", "log_interval"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    for name in ("train_samples", "val_samples"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.workers < 0:
+        raise ConfigError(f"--workers must be 0 or more, got {args.workers}")
+    if args.lr <= 0:
+        raise ConfigError(f"--lr must be positive, got {args.lr}")
+
+
+def set_seed(seed):
+    """Seed every generator the training code draws from (Python's and torch's, CPU and CUDA)."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# --- logging -----------------------------------------------------------------------------------
+
+def log(message):
+    print(message, flush=True)
+
+
+def format_seconds(seconds):
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def write_metrics(path, record):
+    """Append one JSON object per line: a file that survives a crash up to its last complete line."""
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+# --- device ------------------------------------------------------------------------------------
+
+def get_device():
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+# --- data --------------------------------------------------------------------------------------
+
+def make_synthetic(num_samples, seed, split):
+    """Images of 3x32x32 in 10 classes, a pure function of (num_samples, seed, split).
+
+    Each class is a smooth colour pattern drawn from `seed`; a sample is its class pattern under
+    strong noise, so a model has to learn (accuracy starts at chance) but can (it rises well above).
+    The generators are private: building data never moves the global RNG that seeds the model.
+    """
+    patterns = torch.randn(NUM_SYNTHETIC_CLASSES, 3, 4, 4, generator=torch.Generator().manual_seed(seed))
+    patterns = F.interpolate(patterns, size=(32, 32), mode="bilinear", align_corners=False)
+    generator = torch.Generator().manual_seed(seed * 2 + {"train": 1, "val": 2}[split])
+    labels = torch.randint(NUM_SYNTHETIC_CLASSES, (num_samples,), generator=generator)
+    noise = torch.randn(num_samples, 3, 32, 32, generator=generator)
+    images = 0.4 * patterns[labels] + noise
+    return TensorDataset(images, labels)
+
+
+def build_datasets(args):
+    """Return (train_set, val_set, num_classes); a missing or empty data directory is a ConfigError."""
+    if args.data == "synthetic":
+        train_set = make_synthetic(args.train_samples or SYNTHETIC_DEFAULTS["train"], args.seed, "train")
+        val_set = make_synthetic(args.val_samples or SYNTHETIC_DEFAULTS["val"], args.seed, "val")
+        return train_set, val_set, NUM_SYNTHETIC_CLASSES
+    import torchvision.datasets as datasets
+    import torchvision.transforms as T
+
+    if args.data == "cifar10":
+        normalize = T.Normalize((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
+        train_tf = T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(), normalize])
+        val_tf = T.Compose([T.ToTensor(), normalize])
+        try:
+            train_set = datasets.CIFAR10(args.data_dir, train=True, transform=train_tf, download=args.download)
+            val_set = datasets.CIFAR10(args.data_dir, train=False, transform=val_tf, download=args.download)
+        except RuntimeError as err:  # torchvision's "Dataset not found or corrupted"
+            raise ConfigError(f"cifar10 not found in {args.data_dir!r} ({err}); add --download") from None
+        num_classes = 10
+    else:
+        normalize = T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+        train_tf = T.Compose([T.RandomResizedCrop(args.image_size), T.RandomHorizontalFlip(), T.ToTensor(),
+                              normalize])
+        val_tf = T.Compose([T.Resize(round(args.image_size * 8 / 7)), T.CenterCrop(args.image_size),
+                            T.ToTensor(), normalize])
+        splits = []
+        for split, transform in (("train", train_tf), ("val", val_tf)):
+            root = os.path.join(args.data_dir, split)
+            if not os.path.isdir(root):
+                raise ConfigError(f"no directory {root!r}: --data imagefolder reads "
+                                  f"<data-dir>/train/<class>/* and <data-dir>/val/<class>/*")
+            try:
+                splits.append(datasets.ImageFolder(root, transform=transform))
+            except (FileNotFoundError, OSError) as err:  # no class folders, or no images in them
+                raise ConfigError(f"no images under {root!r}: {err}") from None
+        train_set, val_set = splits
+        if train_set.classes != val_set.classes:
+            raise ConfigError(f"train and val class folders differ under {args.data_dir!r}")
+        num_classes = len(train_set.classes)
+    if args.train_samples is not None:
+        train_set = Subset(train_set, range(min(args.train_samples, len(train_set))))
+    if args.val_samples is not None:
+        val_set = Subset(val_set, range(min(args.val_samples, len(val_set))))
+    return train_set, val_set, num_classes
+
+
+def build_loaders(args, train_set, val_set, device):
+    # A shuffle generator reseeded every epoch makes each epoch's order a pure function of
+    # (seed, epoch): any run with the same seed sees the same samples in the same order.
+    train_sampler = RandomSampler(train_set, generator=torch.Generator())
+    loader_args = dict(
+        batch_size=args.batch_size,
+        num_workers=args.workers,
+        persistent_workers=args.workers > 0,
+        # Page-locked host memory lets the copy to the GPU run asynchronously (non_blocking=True).
+        pin_memory=device.type == "cuda",
+        # The loader's own generator seeds its workers, leaving the global RNG to the model.
+        generator=torch.Generator().manual_seed(args.seed),
+    )
+    train_loader = DataLoader(train_set, sampler=train_sampler, **loader_args)
+    val_loader = DataLoader(val_set, shuffle=False, **loader_args)
+    return train_loader, val_loader
+
+
+# --- model -------------------------------------------------------------------------------------
+
+class SmallCNN(nn.Module):
+    """A fast CNN without batch statistics, so its output depends on each sample alone."""
+
+    def __init__(self, num_classes):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2),
+            nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(1),
+        )
+        self.classifier = nn.Linear(64, num_classes)
+
+    def forward(self, x):
+        return self.classifier(torch.flatten(self.features(x), 1))
+
+
+def build_model(args, num_classes):
+    if args.model == "resnet18":
+        import torchvision.models as models
+
+        return models.resnet18(num_classes=num_classes)
+    return SmallCNN(num_classes)
+
+
+# --- train/eval --------------------------------------------------------------------------------
+
+def train_one_epoch(args, model, loader, optimizer, device, epoch):
+    """Train for one epoch; return [sum of losses, number of samples] over the epoch."""
+    model.train()
+    totals = torch.zeros(2, dtype=torch.float64, device=device)
+    num_steps = len(loader)
+    start = time.perf_counter()
+    for batch_index, (images, labels) in enumerate(loader):
+        images = images.to(device, non_blocking=True)
+        labels = labels.to(device, non_blocking=True)
+        logits = model(images)
+        loss = F.cross_entropy(logits, labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        # A sum weighted by batch size, so a short last batch counts for what it holds.
+        totals[0] += loss.detach().double() * labels.numel()
+        totals[1] += labels.numel()
+        step = batch_index + 1
+        if step % args.log_interval == 0 or step == num_steps:
+            elapsed = time.perf_counter() - start
+            samples = totals[1].item()
+            log(f"epoch {epoch + 1}/{args.epochs} step {step}/{num_steps} "
+                f"loss {totals[0].item() / samples:.4f} | {samples / elapsed:.0f} samples/s | "
+                f"eta {format_seconds(elapsed / step * (num_steps - step))}")
+    return totals
+
+
+@torch.no_grad()
+def evaluate(args, model, loader, device):
+    """Return [sum of losses, number correct, number of samples] over the loader.
+
+    Sums, not means: a mean over batches of different sizes is not the mean over samples.
+    """
+    model.eval()
+    totals = torch.zeros(3, dtype=torch.float64, device=device)
+    for images, labels in loader:
+        images = images.to(device, non_blocking=True)
+        labels = labels.to(device, non_blocking=True)
+        logits = model(images)
+        totals[0] += F.cross_entropy(logits.float(), labels, reduction="sum").double()
+        totals[1] += (logits.argmax(dim=1) == labels).sum()
+        totals[2] += labels.numel()
+    model.train()
+    return totals
+
+
+# --- checkpointing -----------------------------------------------------------------------------
+
+def atomic_save(obj, path):
+    """Write to a temporary file, then rename: a reader sees the old file or the new one, never half."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+# --- main --------------------------------------------------------------------------------------
+
+def train(args):
+    device = get_device()
+    set_seed(args.seed)
+    train_set, val_set, num_classes = build_datasets(args)
+    train_loader, val_loader = build_loaders(args, train_set, val_set, device)
+    model = build_model(args, num_classes).to(device)
+    # Each forward splits the batch across all visible GPUs and gathers the outputs on the first;
+    # with no GPU, DataParallel calls the model as it is.
+    model = nn.DataParallel(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=MOMENTUM,
+                                weight_decay=args.weight_decay)
+
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    metrics_path = out_dir / "metrics.jsonl"
+    metrics_path.write_text("")
+    log(f"device {device} x {max(torch.cuda.device_count(), 1)} | model {args.model} | "
+        f"{len(train_set)} train / {len(val_set)} val samples")
+    log(f"global batch {args.batch_size}")
+
+    for epoch in range(args.epochs):
+        train_loader.sampler.generator.manual_seed(args.seed + epoch)
+        epoch_start = time.perf_counter()
+        train_totals = train_one_epoch(args, model, train_loader, optimizer, device, epoch)
+        train_seconds = time.perf_counter() - epoch_start
+        val_totals = evaluate(args, model, val_loader, device)
+        record = {
+            "epoch": epoch + 1,
+            "train_loss": train_totals[0].item() / train_totals[1].item(),
+            "val_loss": val_totals[0].item() / val_totals[2].item(),
+            "val_acc": val_totals[1].item() / val_totals[2].item(),
+            "val_samples": int(val_totals[2].item()),
+            "samples_per_sec": train_totals[1].item() / train_seconds,
+        }
+        write_metrics(metrics_path, record)
+        log(f"epoch {record['epoch']}/{args.epochs} train_loss {record['train_loss']:.4f} "
+            f"val_loss {record['val_loss']:.4f} val_acc {record['val_acc']:.2%} "
+            f"({record['val_samples']} samples) | {record['samples_per_sec']:.0f} samples/s")
+
+    # Save the wrapped model's .module: its keys have no "module." prefix and load into the bare model.
+    atomic_save(model.module.state_dict(), out_dir / "model.pt")
+    log(f"saved {out_dir / 'model.pt'}")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        check_args(args)
+        train(args)
+    except ConfigError as err:
+        print(f"{Path(__file__).name}: error: {err}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

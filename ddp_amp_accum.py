@@ -1,0 +1,468 @@
+"""Step 4 of the DDP ladder: mixed precision (torch.autocast) and gradient accumulation with no_sync.
+
+    torchrun --standalone --nproc_per_node=4 ddp_amp_accum.py --amp bf16 --accum-steps 4
+    python ddp_amp_accum.py                                     # a world of one process
+    python -m torch.distributed.launch --nproc_per_node=4 ddp_amp_accum.py   # the legacy launcher
+
+Each process holds a full copy of the model, reads its own shard of every epoch
+(DistributedSampler), and DDP averages the gradients across processes during backward, so every
+copy takes the same optimizer step. Only rank 0 prints and writes files.
+
+--amp runs the forward in bf16 or fp16 (fp16 with a GradScaler); --accum-steps K sums the
+gradients of K micro-batches before each optimizer step and all-reduces them once, not K times.
+With the default flags this script trains exactly as ddp_basic.py.
+"""
+import argparse
+import contextlib
+import gc
+import json
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
+
+# torchvision is imported inside the functions that need it: it takes seconds to import, and the
+# default run (synthetic data, small CNN) does not use it.
+
+SYNTHETIC_DEFAULTS = {"train": 4096, "val": 1000}
+NUM_SYNTHETIC_CLASSES = 10
+MOMENTUM = 0.9
+AMP_DTYPES = {"none": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+# --- config ------------------------------------------------------------------------------------
+
+class ConfigError(Exception):
+    """Bad input from the user: reported as one line and a non-zero exit, never as a traceback."""
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--epochs", type=int, default=5, help="passes over the training set (default: 5)")
+    parser.add_argument("--batch-size", type=int, default=64,
+                        help="samples per process per optimizer step; the global batch is batch size x "
+                             "world size x accumulation steps (default: 64)")
+    parser.add_argument("--lr", type=float, default=0.05,
+                        help="learning rate for the global batch, used as given (default: 0.05)")
+    parser.add_argument("--weight-decay", type=float, default=5e-4, help="SGD weight decay (default: 5e-4)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed for the model, the synthetic data and the shuffle (default: 0)")
+    parser.add_argument("--data", choices=["synthetic", "cifar10", "imagefolder"], default="synthetic",
+                        help="data set (default: synthetic)")
+    parser.add_argument("--data-dir", default="data",
+                        help="root of cifar10, or of an image tree with train/<class>/* and val/<class>/* "
+                             "(default: data)")
+    parser.add_argument("--download", action="store_true", help="download cifar10 into --data-dir if missing")
+    parser.add_argument("--train-samples", type=int, default=None,
+                        help="size of the synthetic training set, a cap on a real one "
+                             f"(default: {SYNTHETIC_DEFAULTS['train']} synthetic, all real)")
+    parser.add_argument("--val-samples", type=int, default=None,
+                        help="size of the synthetic validation set, a cap on a real one "
+                             f"(default: {SYNTHETIC_DEFAULTS['val']} synthetic, all real)")
+    parser.add_argument("--image-size", type=int, default=32,
+                        help="side of the square images fed to the model, imagefolder only (default: 32)")
+    parser.add_argument("--model", choices=["cnn", "resnet18"], default="cnn",
+                        help="cnn: small and fast, no batch statistics; resnet18: torchvision's (default: cnn)")
+    parser.add_argument("--workers", type=int, default=2, help="data loader processes (default: 2)")
+    parser.add_argument("--out-dir", default=None,
+                        help="where model.pt and metrics.jsonl go (default: runs/<script name>)")
+    parser.add_argument("--log-interval", type=int, default=20,
+                        help="optimizer steps between progress lines (default: 20)")
+    parser.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none",
+                        help="autocast the forward to this precision; fp16 adds a GradScaler (default: none)")
+    parser.add_argument("--accum-steps", type=int, default=1,
+                        help="micro-batches whose gradients are summed before each optimizer step (default: 1)")
+    parser.add_argument("--clip-grad-norm", type=float, default=0.0,
+                        help="clip the global gradient norm to this value; 0 turns clipping off (default: 0)")
+    parser.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
+                        help="process group backend; auto is nccl with CUDA, gloo without (default: auto)")
+    # torch.distributed.launch passes --local-rank=N (--local_rank before torch 2.0); torchrun sets
+    # the LOCAL_RANK environment variable instead, which wins when both are present.
+    parser.add_argument("--local-rank", "--local_rank", type=int, default=None,
+                        help="set by the legacy launcher; torchrun sets LOCAL_RANK (default: from the environment)")
+    args = parser.parse_args(argv)
+    if args.out_dir is None:
+        args.out_dir = os.path.join("runs", Path(__file__).stem)
+    return args
+
+
+def check_args(args):
+    """Reject settings that cannot work before any process does any work."""
+    for name in ("epochs", "batch_size", "log_interval", "accum_steps"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    for name in ("train_samples", "val_samples"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.workers < 0:
+        raise ConfigError(f"--workers must be 0 or more, got {args.workers}")
+    if args.lr <= 0:
+        raise ConfigError(f"--lr must be positive, got {args.lr}")
+    if args.clip_grad_norm < 0:
+        raise ConfigError(f"--clip-grad-norm must be 0 (off) or positive, got {args.clip_grad_norm}")
+
+
+def set_seed(seed):
+    """Seed every generator the training code draws from (Python's and torch's, CPU and CUDA)."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# --- logging -----------------------------------------------------------------------------------
+
+def log(message):
+    """Print on rank 0 only: every process runs this code, and one copy of each line is enough."""
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(message, flush=True)
+
+
+def format_seconds(seconds):
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def write_metrics(path, record):
+    """Append one JSON object per line: a file that survives a crash up to its last complete line."""
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+# --- distributed -------------------------------------------------------------------------------
+
+def setup_distributed(args):
+    """Join the process group; return (rank, local_rank, world_size, device).
+
+    torchrun sets RANK (this process among all), LOCAL_RANK (among those on this machine) and
+    WORLD_SIZE. Without them, as under plain `python`, this process is a world of one.
+    """
+    backend = args.backend
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise ConfigError("--backend nccl needs CUDA GPUs and none is available; use --backend gloo on CPU")
+    launched = "RANK" in os.environ
+    rank = int(os.environ.get("RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", args.local_rank or 0))
+    if torch.cuda.is_available():
+        if local_rank >= torch.cuda.device_count():
+            raise ConfigError(f"local rank {local_rank} but only {torch.cuda.device_count()} GPUs are visible: "
+                              f"start at most one process per GPU")
+        # One GPU per process: set_device makes "cuda" mean this process's GPU, for nccl too.
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if launched:
+        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+    else:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    return rank, local_rank, world_size, device
+
+
+def cleanup_distributed():
+    """Leave the process group after the DDP model is gone.
+
+    gloo can abort a worker at exit ("terminate called without an active exception") while a DDP
+    model is still alive at destroy_process_group(): the caller's model and optimizer are out of
+    scope by now, and collecting garbage releases them before the group goes.
+    """
+    gc.collect()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# --- data --------------------------------------------------------------------------------------
+
+def make_synthetic(num_samples, seed, split):
+    """Images of 3x32x32 in 10 classes, a pure function of (num_samples, seed, split).
+
+    Each class is a smooth colour pattern drawn from `seed`; a sample is its class pattern under
+    strong noise, so a model has to learn (accuracy starts at chance) but can (it rises well above).
+    The generators are private: building data never moves the global RNG that seeds the model.
+    """
+    patterns = torch.randn(NUM_SYNTHETIC_CLASSES, 3, 4, 4, generator=torch.Generator().manual_seed(seed))
+    patterns = F.interpolate(patterns, size=(32, 32), mode="bilinear", align_corners=False)
+    generator = torch.Generator().manual_seed(seed * 2 + {"train": 1, "val": 2}[split])
+    labels = torch.randint(NUM_SYNTHETIC_CLASSES, (num_samples,), generator=generator)
+    noise = torch.randn(num_samples, 3, 32, 32, generator=generator)
+    images = 0.4 * patterns[labels] + noise
+    return TensorDataset(images, labels)
+
+
+def build_datasets(args):
+    """Return (train_set, val_set, num_classes); a missing or empty data directory is a ConfigError."""
+    if args.data == "synthetic":
+        train_set = make_synthetic(args.train_samples or SYNTHETIC_DEFAULTS["train"], args.seed, "train")
+        val_set = make_synthetic(args.val_samples or SYNTHETIC_DEFAULTS["val"], args.seed, "val")
+        return train_set, val_set, NUM_SYNTHETIC_CLASSES
+    import torchvision.datasets as datasets
+    import torchvision.transforms as T
+
+    if args.data == "cifar10":
+        normalize = T.Normalize((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
+        train_tf = T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(), normalize])
+        val_tf = T.Compose([T.ToTensor(), normalize])
+        try:
+            train_set = datasets.CIFAR10(args.data_dir, train=True, transform=train_tf, download=args.download)
+            val_set = datasets.CIFAR10(args.data_dir, train=False, transform=val_tf, download=args.download)
+        except RuntimeError as err:  # torchvision's "Dataset not found or corrupted"
+            raise ConfigError(f"cifar10 not found in {args.data_dir!r} ({err}); add --download") from None
+        num_classes = 10
+    else:
+        normalize = T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+        train_tf = T.Compose([T.RandomResizedCrop(args.image_size), T.RandomHorizontalFlip(), T.ToTensor(),
+                              normalize])
+        val_tf = T.Compose([T.Resize(round(args.image_size * 8 / 7)), T.CenterCrop(args.image_size),
+                            T.ToTensor(), normalize])
+        splits = []
+        for split, transform in (("train", train_tf), ("val", val_tf)):
+            root = os.path.join(args.data_dir, split)
+            if not os.path.isdir(root):
+                raise ConfigError(f"no directory {root!r}: --data imagefolder reads "
+                                  f"<data-dir>/train/<class>/* and <data-dir>/val/<class>/*")
+            try:
+                splits.append(datasets.ImageFolder(root, transform=transform))
+            except (FileNotFoundError, OSError) as err:  # no class folders, or no images in them
+                raise ConfigError(f"no images under {root!r}: {err}") from None
+        train_set, val_set = splits
+        if train_set.classes != val_set.classes:
+            raise ConfigError(f"train and val class folders differ under {args.data_dir!r}")
+        num_classes = len(train_set.classes)
+    if args.train_samples is not None:
+        train_set = Subset(train_set, range(min(args.train_samples, len(train_set))))
+    if args.val_samples is not None:
+        val_set = Subset(val_set, range(min(args.val_samples, len(val_set))))
+    return train_set, val_set, num_classes
+
+
+def build_loaders(args, train_set, val_set, device, rank, world_size):
+    # Every process draws the same permutation of (seed, epoch) and takes every world_size-th
+    # sample of it from position rank: together they see what one process would see. It pads
+    # with repeated samples until the set divides evenly, so every process runs as many steps.
+    train_sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
+                                       seed=args.seed)
+    loader_args = dict(
+        batch_size=args.batch_size,
+        num_workers=args.workers,
+        persistent_workers=args.workers > 0,
+        # Page-locked host memory lets the copy to the GPU run asynchronously (non_blocking=True).
+        pin_memory=device.type == "cuda",
+        # The loader's own generator seeds its workers, leaving the global RNG to the model.
+        generator=torch.Generator().manual_seed(args.seed + rank),
+    )
+    train_loader = DataLoader(train_set, sampler=train_sampler, **loader_args)
+    val_loader = DataLoader(val_set, shuffle=False, **loader_args)
+    return train_loader, val_loader
+
+
+# --- model -------------------------------------------------------------------------------------
+
+class SmallCNN(nn.Module):
+    """A fast CNN without batch statistics, so its output depends on each sample alone."""
+
+    def __init__(self, num_classes):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2),
+            nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(1),
+        )
+        self.classifier = nn.Linear(64, num_classes)
+
+    def forward(self, x):
+        return self.classifier(torch.flatten(self.features(x), 1))
+
+
+def build_model(args, num_classes):
+    if args.model == "resnet18":
+        import torchvision.models as models
+
+        return models.resnet18(num_classes=num_classes)
+    return SmallCNN(num_classes)
+
+
+# --- train/eval --------------------------------------------------------------------------------
+
+def train_one_epoch(args, model, loader, optimizer, scaler, device, epoch):
+    """Train for one epoch; return [sum of losses, number of samples] over the epoch, all processes."""
+    model.train()
+    totals = torch.zeros(2, dtype=torch.float64, device=device)
+    num_batches = len(loader)
+    num_steps = math.ceil(num_batches / args.accum_steps)
+    start = time.perf_counter()
+    for batch_index, (images, labels) in enumerate(loader):
+        images = images.to(device, non_blocking=True)
+        labels = labels.to(device, non_blocking=True)
+        # Micro-batches form groups of accum_steps; the epoch's last group may be shorter.
+        group_start = batch_index - batch_index % args.accum_steps
+        group_size = min(args.accum_steps, num_batches - group_start)
+        last_in_group = batch_index == group_start + group_size - 1
+        # DDP decides during the forward whether the coming backward all-reduces, so no_sync must
+        # cover the forward and the backward of every micro-batch but the group's last.
+        sync_context = contextlib.nullcontext() if last_in_group else model.no_sync()
+        with sync_context:
+            with torch.autocast(device.type, dtype=AMP_DTYPES[args.amp], enabled=args.amp != "none"):
+                logits = model(images)
+                loss = F.cross_entropy(logits, labels)
+            # Dividing by the group's size makes the summed gradients the mean over the group.
+            scaler.scale(loss / group_size).backward()
+        # A sum weighted by batch size, so a short last batch counts for what it holds.
+        totals[0] += loss.detach().double() * labels.numel()
+        totals[1] += labels.numel()
+        if not last_in_group:
+            continue
+        if args.clip_grad_norm > 0:
+            # Clip the true gradients: unscale_ divides out fp16's loss scale first (once per step).
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
+        # With fp16, step() skips the update when a gradient overflowed and update() adapts the scale;
+        # without a scaler (none, bf16) they are a plain optimizer.step() and nothing.
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        step = batch_index // args.accum_steps + 1
+        if step % args.log_interval == 0 or step == num_steps:
+            elapsed = time.perf_counter() - start
+            samples = totals[1].item()
+            # Rank 0's own loss, and its throughput times the number of processes.
+            log(f"epoch {epoch + 1}/{args.epochs} step {step}/{num_steps} "
+                f"loss {totals[0].item() / samples:.4f} | {samples * dist.get_world_size() / elapsed:.0f} samples/s | "
+                f"eta {format_seconds(elapsed / step * (num_steps - step))}")
+    # One all-reduce after the loop turns per-process sums into global ones.
+    dist.all_reduce(totals)
+    return totals
+
+
+@torch.no_grad()
+def evaluate(args, model, loader, device):
+    """Return [sum of losses, number correct, number of samples] over the loader.
+
+    Sums, not means: a mean over batches of different sizes is not the mean over samples.
+    """
+    model.eval()
+    totals = torch.zeros(3, dtype=torch.float64, device=device)
+    for images, labels in loader:
+        images = images.to(device, non_blocking=True)
+        labels = labels.to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=AMP_DTYPES[args.amp], enabled=args.amp != "none"):
+            logits = model(images)
+        totals[0] += F.cross_entropy(logits.float(), labels, reduction="sum").double()
+        totals[1] += (logits.argmax(dim=1) == labels).sum()
+        totals[2] += labels.numel()
+    model.train()
+    return totals
+
+
+# --- checkpointing -----------------------------------------------------------------------------
+
+def atomic_save(obj, path):
+    """Write to a temporary file, then rename: a reader sees the old file or the new one, never half."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+# --- main --------------------------------------------------------------------------------------
+
+def train(args):
+    rank, local_rank, world_size, device = setup_distributed(args)
+    set_seed(args.seed)
+    # Rank 0 prepares the data first (a download, say) while the others wait, so no two write it.
+    if rank != 0:
+        dist.barrier()
+    train_set, val_set, num_classes = build_datasets(args)
+    if rank == 0:
+        dist.barrier()
+    if len(train_set) < world_size:
+        raise ConfigError(f"{world_size} processes but only {len(train_set)} training samples: "
+                          f"every process needs at least one")
+    train_loader, val_loader = build_loaders(args, train_set, val_set, device, rank, world_size)
+    model = build_model(args, num_classes).to(device)
+    # DDP broadcasts rank 0's weights at construction and averages gradients during backward.
+    # device_ids names the one GPU this process drives; on CPU it must be left out.
+    model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=MOMENTUM,
+                                weight_decay=args.weight_decay)
+    # fp16 needs loss scaling (small gradients underflow in fp16); bf16 has fp32's range and does
+    # not. A disabled scaler passes everything through, so one code path serves all three.
+    scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
+
+    # The weights came from the same seed everywhere; from here on each process draws its own
+    # random numbers (dropout, augmentation), or all of them would repeat one draw.
+    set_seed(args.seed + rank)
+
+    out_dir = Path(args.out_dir)
+    metrics_path = out_dir / "metrics.jsonl"
+    if rank == 0:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        metrics_path.write_text("")
+    log(f"device {device} | model {args.model} | {len(train_set)} train / {len(val_set)} val samples")
+    log(f"global batch {args.batch_size * world_size * args.accum_steps} = {args.batch_size} per process "
+        f"x {world_size} processes x {args.accum_steps} accumulation steps | amp {args.amp}")
+
+    for epoch in range(args.epochs):
+        # Without set_epoch the sampler repeats epoch 0's order in every epoch.
+        train_loader.sampler.set_epoch(epoch)
+        epoch_start = time.perf_counter()
+        train_totals = train_one_epoch(args, model, train_loader, optimizer, scaler, device, epoch)
+        train_seconds = time.perf_counter() - epoch_start
+        # Rank 0 evaluates the whole validation set alone, through model.module: the DDP wrapper's
+        # forward would start a collective (a buffer broadcast) that the other ranks never join.
+        # They go on to the next epoch and wait for rank 0 at its first gradient all-reduce.
+        if rank != 0:
+            continue
+        val_totals = evaluate(args, model.module, val_loader, device)
+        record = {
+            "epoch": epoch + 1,
+            "train_loss": train_totals[0].item() / train_totals[1].item(),
+            "val_loss": val_totals[0].item() / val_totals[2].item(),
+            "val_acc": val_totals[1].item() / val_totals[2].item(),
+            "val_samples": int(val_totals[2].item()),
+            "samples_per_sec": train_totals[1].item() / train_seconds,
+        }
+        write_metrics(metrics_path, record)
+        log(f"epoch {record['epoch']}/{args.epochs} train_loss {record['train_loss']:.4f} "
+            f"val_loss {record['val_loss']:.4f} val_acc {record['val_acc']:.2%} "
+            f"({record['val_samples']} samples) | {record['samples_per_sec']:.0f} samples/s")
+
+    if rank == 0:
+        # Save the unwrapped model: its keys have no "module." prefix and load into the bare model.
+        atomic_save(model.module.state_dict(), out_dir / "model.pt")
+        log(f"saved {out_dir / 'model.pt'}")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        check_args(args)
+        train(args)
+    except ConfigError as err:
+        # Every process meets the same bad input; one line from rank 0 is enough.
+        if int(os.environ.get("RANK", 0)) == 0:
+            print(f"{Path(__file__).name}: error: {err}", file=sys.stderr, flush=True)
+        return 2
+    finally:
+        cleanup_distributed()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
