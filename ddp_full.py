@@ -204,6 +204,25 @@ def setup_distributed(args):
     return rank, local_rank, world_size, device
 
 
+def rank0_first(rank, function, *args):
+    """Call function on rank 0 first (a download, say), then on the others, so no two write the same files.
+
+    The others wait for rank 0's verdict in a collective rather than a barrier: a ConfigError on
+    rank 0 then stops every process with the same error, and none is left waiting on a peer that
+    has exited.
+    """
+    verdict = [None]
+    if rank == 0:
+        try:
+            result = function(*args)
+        except ConfigError as err:
+            verdict = [str(err)]
+    dist.broadcast_object_list(verdict, src=0)
+    if verdict[0] is not None:
+        raise ConfigError(verdict[0])
+    return result if rank == 0 else function(*args)
+
+
 def cleanup_distributed():
     """Leave the process group after the DDP model is gone.
 
@@ -622,12 +641,7 @@ def restore(checkpoint, path, model, optimizer, scaler, rank, device):
 def train(args):
     rank, local_rank, world_size, device = setup_distributed(args)
     set_seed(args.seed)
-    # Rank 0 prepares the data first (a download, say) while the others wait, so no two write it.
-    if rank != 0:
-        dist.barrier()
-    train_set, val_set, num_classes = build_datasets(args)
-    if rank == 0:
-        dist.barrier()
+    train_set, val_set, num_classes = rank0_first(rank, build_datasets, args)
     if len(train_set) < world_size:
         raise ConfigError(f"{world_size} processes but only {len(train_set)} training samples: "
                           f"every process needs at least one")

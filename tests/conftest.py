@@ -1,0 +1,114 @@
+"""Shared helpers: launch a ladder script the way a user does, and read what it wrote.
+
+Every run here is on CPU with gloo, tiny settings and OMP_NUM_THREADS=1 in every process, so that
+one-process and multi-process runs use the same kernels (a different thread count alone changes
+the float rounding) and runs are bitwise repeatable.
+"""
+import fcntl
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Small enough to run dozens of launches in minutes on 2 cores; the sizes are chosen so that the
+# global batches used below (8, 16, 32) divide the training set, and no tested world size (2, 3, 4)
+# divides the validation set.
+TRAIN_SAMPLES = 192
+VAL_SAMPLES = 103
+TINY = ["--model", "cnn", "--workers", "0", "--train-samples", str(TRAIN_SAMPLES),
+        "--val-samples", str(VAL_SAMPLES), "--epochs", "2", "--log-interval", "1000"]
+
+LAUNCH_TIMEOUT = 240  # seconds: a hung collective fails the test instead of the whole suite
+
+
+def base_env():
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONWARNINGS="default")
+    env.pop("RANK", None)
+    env.pop("WORLD_SIZE", None)
+    env.pop("LOCAL_RANK", None)
+    return env
+
+
+def command(script, args, nproc=None, torchrun_args=()):
+    """`python script args` for nproc None; `torchrun --standalone --nproc_per_node=N script args` else."""
+    path = str(ROOT / script) if not os.path.isabs(script) else script
+    if nproc is None:
+        return [sys.executable, path, *args]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            *torchrun_args, path, *args]
+
+
+def launch(script, args, nproc=None, env=None, torchrun_args=(), timeout=LAUNCH_TIMEOUT):
+    full_env = base_env()
+    full_env.update(env or {})
+    return subprocess.run(command(script, args, nproc, torchrun_args), cwd=ROOT, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def check(result):
+    """The run must have succeeded; show its output if it did not."""
+    assert result.returncode == 0, (
+        f"exit {result.returncode}\n--- stdout\n{result.stdout[-4000:]}\n--- stderr\n{result.stderr[-6000:]}")
+    return result
+
+
+def run_ok(script, out_dir, args=(), nproc=None, **kwargs):
+    return check(launch(script, [*TINY, *args, "--out-dir", str(out_dir)], nproc=nproc, **kwargs))
+
+
+def weights(out_dir):
+    return torch.load(Path(out_dir) / "model.pt", map_location="cpu", weights_only=True)
+
+
+def metrics(out_dir):
+    return [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def max_weight_difference(a, b):
+    assert a.keys() == b.keys()
+    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+
+
+def script_traceback(result, script):
+    """Traceback frames that point into the script itself (torchrun's own report is not the script's)."""
+    return re.findall(rf'File "[^"]*{re.escape(script)}", line \d+', result.stdout + result.stderr)
+
+
+class Runs:
+    """Runs shared by several tests, each launched once per session on first use.
+
+    Under pytest-xdist the workers share one directory: a file lock per run makes the first worker
+    that needs a run launch it and any other wait for it, so no run is launched twice.
+    """
+
+    def __init__(self, root):
+        self.root = root
+
+    def get(self, name, script, args=(), nproc=None, **kwargs):
+        out_dir = self.root / name
+        with open(self.root / f"{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            done = self.root / f"{name}.done"
+            if not done.exists():
+                shutil.rmtree(out_dir, ignore_errors=True)
+                run_ok(script, out_dir, args, nproc=nproc, **kwargs)
+                done.touch()
+        return out_dir
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory, worker_id):
+    # The parent of the base temporary directory is common to all xdist workers of this session.
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if worker_id != "master" else base) / "shared-runs"
+    root.mkdir(exist_ok=True)
+    return Runs(root)

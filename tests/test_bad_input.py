@@ -1,0 +1,126 @@
+"""Bad input ends in one clear line on stderr and a non-zero exit, and loses nothing.
+
+Cases that need no second process launch the script as a world of one (`python script.py`, quicker).
+Each case runs against a copy of a finished ddp_full run's output directory (checkpoints,
+model.pt, metrics.jsonl) where the script has one: after the failed launch every file is
+byte-for-byte what it was, and no file was added.
+"""
+import hashlib
+import shutil
+
+import pytest
+
+from conftest import TINY, launch, script_traceback
+
+SCRIPTS = ["single_gpu.py", "dataparallel.py", "ddp_basic.py", "ddp_amp_accum.py", "ddp_full.py"]
+
+
+def snapshot(directory):
+    return {p.relative_to(directory): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def assert_one_clear_error(result, script, expected):
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if f"{script}: error:" in line]
+    assert len(errors) == 1, result.stderr
+    assert expected in errors[0], errors[0]
+    assert not script_traceback(result, script), result.stderr
+
+
+@pytest.fixture
+def finished_run(runs, tmp_path):
+    """A copy of a finished 2-process ddp_full run: a good checkpoint that nothing may touch."""
+    source = runs.get("full_w2", "ddp_full.py", ["--batch-size", "8"], nproc=2)
+    shutil.copytree(source, tmp_path / "run")
+    return tmp_path / "run"
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_batch_size_zero_is_one_clear_error(script, tmp_path):
+    result = launch(script, [*TINY, "--batch-size", "0", "--out-dir", str(tmp_path)])
+    assert_one_clear_error(result, script, "--batch-size must be at least 1, got 0")
+
+
+@pytest.mark.parametrize("script", ["ddp_amp_accum.py", "ddp_full.py"])
+def test_accum_steps_zero_is_one_clear_error(script, tmp_path):
+    result = launch(script, [*TINY, "--accum-steps", "0", "--out-dir", str(tmp_path)])
+    assert_one_clear_error(result, script, "--accum-steps must be at least 1, got 0")
+
+
+def test_nccl_without_cuda_is_one_clear_error(tmp_path):
+    result = launch("ddp_basic.py", [*TINY, "--backend", "nccl", "--out-dir", str(tmp_path)])
+    assert_one_clear_error(result, "ddp_basic.py", "--backend nccl needs CUDA GPUs")
+
+
+def test_more_processes_than_training_samples_is_one_clear_error(finished_run):
+    before = snapshot(finished_run)
+    result = launch("ddp_full.py", [*TINY, "--train-samples", "1", "--resume", "none", "--out-dir", str(finished_run)],
+                    nproc=2)
+    assert_one_clear_error(result, "ddp_full.py", "2 processes but only 1 training samples")
+    assert snapshot(finished_run) == before
+
+
+def test_missing_image_directory_is_one_clear_error(finished_run, tmp_path):
+    before = snapshot(finished_run)
+    result = launch("ddp_full.py", [*TINY, "--data", "imagefolder", "--data-dir", str(tmp_path / "nowhere"),
+                                    "--out-dir", str(finished_run)], nproc=2)  # rank 0 finds it, both stop
+    assert_one_clear_error(result, "ddp_full.py", "no directory")
+    assert snapshot(finished_run) == before
+
+
+def test_empty_image_directory_is_one_clear_error(tmp_path):
+    for split in ("train", "val"):
+        (tmp_path / "images" / split).mkdir(parents=True)
+    result = launch("ddp_basic.py", [*TINY, "--data", "imagefolder", "--data-dir", str(tmp_path / "images"),
+                                     "--out-dir", str(tmp_path / "out")])
+    assert_one_clear_error(result, "ddp_basic.py", "no images under")
+
+
+def test_missing_cifar10_without_download_is_one_clear_error(tmp_path):
+    result = launch("single_gpu.py", [*TINY, "--data", "cifar10", "--data-dir", str(tmp_path),
+                                      "--out-dir", str(tmp_path / "out")])
+    assert_one_clear_error(result, "single_gpu.py", "add --download")
+
+
+def test_resume_of_a_missing_checkpoint_is_one_clear_error(finished_run):
+    before = snapshot(finished_run)
+    result = launch("ddp_full.py", [*TINY, "--batch-size", "8", "--resume", str(finished_run / "nope.pt"),
+                                    "--out-dir", str(finished_run)])
+    assert_one_clear_error(result, "ddp_full.py", "no such checkpoint file")
+    assert snapshot(finished_run) == before
+
+
+def test_resume_of_a_truncated_checkpoint_is_one_clear_error_naming_it(finished_run, tmp_path):
+    good = finished_run / "checkpoints" / "step_000000024.pt"
+    bad = tmp_path / "truncated.pt"
+    bad.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    before = snapshot(finished_run)
+    result = launch("ddp_full.py", [*TINY, "--batch-size", "8", "--epochs", "3", "--resume", str(bad),
+                                    "--out-dir", str(finished_run)])
+    assert_one_clear_error(result, "ddp_full.py", f"checkpoint {bad} cannot be read")
+    assert snapshot(finished_run) == before
+
+
+def test_resume_of_a_checkpoint_for_another_architecture_is_one_clear_error(finished_run, tmp_path):
+    import torch
+
+    checkpoint = torch.load(finished_run / "checkpoints" / "step_000000024.pt", weights_only=True)
+    checkpoint["model"]["classifier.weight"] = torch.zeros(10, 128)  # a wider last layer
+    # Launched as a world of one (quicker): the checkpoint says so, leaving the model as the misfit.
+    checkpoint["world_size"], checkpoint["rank_states"] = 1, checkpoint["rank_states"][:1]
+    torch.save(checkpoint, tmp_path / "other.pt")
+    before = snapshot(finished_run)
+    result = launch("ddp_full.py", [*TINY, "--batch-size", "8", "--epochs", "3", "--resume", str(tmp_path / "other.pt"),
+                                    "--out-dir", str(finished_run)])
+    assert_one_clear_error(result, "ddp_full.py", "does not fit this model: Error(s) in loading state_dict")
+    assert snapshot(finished_run) == before
+
+
+def test_resume_with_other_settings_is_one_clear_error(finished_run):
+    before = snapshot(finished_run)
+    result = launch("ddp_full.py", [*TINY, "--batch-size", "4", "--epochs", "3",
+                                    "--resume", str(finished_run / "checkpoints" / "step_000000024.pt"),
+                                    "--out-dir", str(finished_run)])
+    assert_one_clear_error(result, "ddp_full.py", "is from a run with --batch-size 8, this run has 4")
+    assert snapshot(finished_run) == before

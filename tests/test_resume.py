@@ -1,0 +1,68 @@
+"""ddp_full.py resumes exactly: a run stopped and resumed ends bitwise equal to one never stopped.
+
+Bitwise, not approximately: the same processes redo the same arithmetic on the same samples in
+the same order from the same state (weights, optimizer, scaler, per-process random generators,
+partial loss sums, position in the epoch), and CPU runs are bitwise repeatable.
+"""
+import shutil
+
+import torch
+
+from conftest import TINY, check, launch, metrics, weights
+
+# 2 processes x 8 samples: 12 optimizer steps per epoch of 192 samples, 2 epochs.
+ARGS = ["--batch-size", "8"]
+LOSS_KEYS = ("epoch", "train_loss", "val_loss", "val_acc", "val_samples")
+
+
+def run_full(out_dir, *extra, nproc=2):
+    return check(launch("ddp_full.py", [*TINY, *extra, "--out-dir", str(out_dir)], nproc=nproc))
+
+
+def assert_bitwise_equal(a_dir, b_dir):
+    a, b = weights(a_dir), weights(b_dir)
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    strip = lambda records: [{k: r[k] for k in LOSS_KEYS} for r in records]  # samples_per_sec is timing
+    assert strip(metrics(a_dir)) == strip(metrics(b_dir))
+
+
+# fp16 with 2 micro-batches per step on 2 processes x 8: 3 optimizer steps per epoch of 96. The
+# loss scale grows and shrinks during training and the accumulation position matters: a resume
+# that re-created the scaler or miscounted micro-batches would step differently and end elsewhere.
+FP16_ACCUM = [*ARGS, "--amp", "fp16", "--accum-steps", "2", "--train-samples", "96"]
+
+
+def test_resume_mid_epoch_then_at_an_epoch_boundary_is_bitwise_equal_to_an_uninterrupted_run(runs, tmp_path):
+    reference = runs.get("full_fp16_accum_w2", "ddp_full.py", FP16_ACCUM, nproc=2)
+    first = run_full(tmp_path, *FP16_ACCUM, "--max-steps", "2")
+    assert "stopped after --max-steps 2" in first.stdout
+    assert not (tmp_path / "model.pt").exists()
+    second = run_full(tmp_path, *FP16_ACCUM, "--epochs", "1")  # resumes mid-epoch, stops after epoch 1
+    assert "step_000000002.pt: epoch 1, step 2" in second.stdout
+    third = run_full(tmp_path, *FP16_ACCUM, "--epochs", "2")  # resumes at the epoch boundary
+    assert "step_000000003.pt: epoch 2, step 0" in third.stdout
+    assert_bitwise_equal(reference, tmp_path)
+
+
+def test_explicit_resume_path_continues_from_that_checkpoint(runs, tmp_path):
+    reference = runs.get("full_fp16_accum_w2", "ddp_full.py", FP16_ACCUM, nproc=2)
+    stopped = runs.get("full_fp16_accum_w2_step2", "ddp_full.py", [*FP16_ACCUM, "--max-steps", "2"], nproc=2)
+    # A checkpoint copied elsewhere, resumed by its path into a fresh output directory.
+    shutil.copy(stopped / "checkpoints" / "step_000000002.pt", tmp_path / "saved.pt")
+    run_full(tmp_path / "out", *FP16_ACCUM, "--resume", str(tmp_path / "saved.pt"))
+    assert_bitwise_equal(reference, tmp_path / "out")
+
+
+def test_checkpoint_holds_the_unwrapped_model_and_everything_resume_needs(runs):
+    reference = runs.get("full_w2", "ddp_full.py", ARGS, nproc=2)
+    checkpoints = sorted((reference / "checkpoints").glob("step_*.pt"))
+    assert [p.name for p in checkpoints] == ["step_000000012.pt", "step_000000024.pt"]
+    checkpoint = torch.load(checkpoints[-1], map_location="cpu", weights_only=True)
+    assert {"model", "optimizer", "scaler", "epoch", "step_in_epoch", "global_step", "rank_states"} <= checkpoint.keys()
+    assert not any(key.startswith("module.") for key in checkpoint["model"])
+    assert (checkpoint["epoch"], checkpoint["step_in_epoch"], checkpoint["global_step"]) == (2, 0, 24)
+    assert len(checkpoint["rank_states"]) == 2
+    final = weights(reference)
+    assert all(torch.equal(final[k], checkpoint["model"][k]) for k in final)
