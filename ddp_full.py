@@ -605,14 +605,18 @@ def find_checkpoint(args, world_size, device):
     if args.resume != "auto":
         return load_checkpoint(args.resume, args, world_size, device), args.resume
     candidates = list_checkpoints(Path(args.out_dir) / "checkpoints")
+    reasons = []
     for path in candidates:
         try:
             return load_checkpoint(path, args, world_size, device), path
         except ConfigError as err:
+            # A torn or foreign file is reported and passed over for the one before it.
             log(f"skipping: {err}")
+            reasons.append(str(err))
     if candidates:
-        raise ConfigError(f"no usable checkpoint in {Path(args.out_dir) / 'checkpoints'}; use --resume none "
-                          f"to start afresh (older checkpoints may then be deleted) or another --out-dir")
+        raise ConfigError(f"no usable checkpoint in {Path(args.out_dir) / 'checkpoints'} (newest: {reasons[0]}); "
+                          f"use --resume none to start afresh (old checkpoints may then be deleted) or another "
+                          f"--out-dir")
     return None, None
 
 

@@ -56,8 +56,11 @@ def launch(script, args, nproc=None, env=None, torchrun_args=(), timeout=LAUNCH_
 
 def check(result):
     """The run must have succeeded; show its output if it did not."""
+    notable = [line for line in (result.stdout + result.stderr).splitlines()
+               if "terminate called" in line or "Error" in line or "error:" in line]
     assert result.returncode == 0, (
-        f"exit {result.returncode}\n--- stdout\n{result.stdout[-4000:]}\n--- stderr\n{result.stderr[-6000:]}")
+        f"exit {result.returncode}\n--- notable lines\n" + "\n".join(notable[:40]) +
+        f"\n--- stdout\n{result.stdout[-4000:]}\n--- stderr\n{result.stderr[-6000:]}")
     return result
 
 

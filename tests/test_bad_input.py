@@ -124,3 +124,11 @@ def test_resume_with_other_settings_is_one_clear_error(finished_run):
                                     "--out-dir", str(finished_run)])
     assert_one_clear_error(result, "ddp_full.py", "is from a run with --batch-size 8, this run has 4")
     assert snapshot(finished_run) == before
+
+
+def test_resume_with_another_world_size_is_one_clear_error(finished_run):
+    # The checkpoint holds per-process random states and a per-process data position for 2.
+    before = snapshot(finished_run)
+    result = launch("ddp_full.py", [*TINY, "--batch-size", "8", "--epochs", "3", "--out-dir", str(finished_run)])
+    assert_one_clear_error(result, "ddp_full.py", "was written by 2 processes, this run has 1")
+    assert snapshot(finished_run) == before

@@ -1,0 +1,171 @@
+"""ddp_full.py survives what clusters do: a killed worker, preemption, torn checkpoints, several nodes.
+
+Every test ends by comparing weights bitwise with a run that was never disturbed: resuming must
+redo exactly the same arithmetic (see test_resume.py).
+"""
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+from conftest import ROOT, TINY, base_env, check, command, launch, metrics, weights
+from test_resume import assert_bitwise_equal
+
+# 768 samples, 2 processes x 8: 48 steps per epoch, 96 in all, a checkpoint every 10 steps. Long
+# enough (seconds) for a signal to land after the first checkpoint and before the end.
+LONG = [*TINY, "--train-samples", "768", "--batch-size", "8", "--ckpt-steps", "10"]
+RESTART_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+def readme_restart_command():
+    """The restart command exactly as README.md gives it (the block after its restart-command marker)."""
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"<!-- restart-command -->\s*```(?:bash|sh)?\n(.+?)\n```", text, re.S)
+    assert block, "README.md has no restart command block"
+    return block.group(1).strip()
+
+
+def start(cmd, out_dir, env=None):
+    full_env = base_env()
+    full_env.update(env or {})
+    log = open(out_dir.parent / f"{out_dir.name}.log", "w")
+    return subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True, **({"shell": True} if isinstance(cmd, str) else {}))
+
+
+def wait_for_checkpoint(process, out_dir, timeout=120):
+    deadline = time.monotonic() + timeout
+    while not list((out_dir / "checkpoints").glob("step_*.pt")):
+        assert process.poll() is None, "the run ended before its first checkpoint"
+        assert time.monotonic() < deadline, "no checkpoint in time"
+        time.sleep(0.02)
+
+
+def children(pid):
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def output(out_dir):
+    return (out_dir.parent / f"{out_dir.name}.log").read_text()
+
+
+def test_readme_restart_command_carries_the_reliable_restart_setting():
+    restart = readme_restart_command()
+    assert restart.startswith("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun ")
+    assert "--max-restarts=" in restart and restart.endswith("ddp_full.py")
+
+
+def test_killed_worker_is_restarted_and_the_run_ends_bitwise_as_if_never_killed(runs, tmp_path):
+    reference = runs.get("full_long_w2", "ddp_full.py", LONG[len(TINY):], nproc=2)
+    out_dir = tmp_path / "crash"
+    # The README's command, with 2 processes instead of 4 and the test's settings appended.
+    restart = readme_restart_command().replace("--nproc_per_node=4", "--nproc_per_node=2")
+    venv_bin = os.path.dirname(command("x", [], 2)[0])
+    cmd = f'PATH="{venv_bin}:$PATH" {restart} ' + " ".join([*LONG, "--out-dir", str(out_dir)])
+    process = start(cmd, out_dir)
+    wait_for_checkpoint(process, out_dir)
+    agent = [pid for pid in children(process.pid)] or [process.pid]
+    workers = [w for a in agent for w in children(a)]
+    assert workers, "no worker process found"
+    os.kill(workers[-1], signal.SIGKILL)  # from outside, as the OOM killer or a node fault would
+    assert process.wait(timeout=240) == 0, output(out_dir)[-3000:]
+    log = output(out_dir)
+    assert "exitcode: -9" in log and "resumed from" in log, log[-3000:]
+    assert_bitwise_equal(reference, out_dir)
+
+
+def test_sigterm_through_torchrun_checkpoints_at_an_agreed_step_and_resume_is_bitwise(runs, tmp_path):
+    reference = runs.get("full_long_w2", "ddp_full.py", LONG[len(TINY):], nproc=2)
+    out_dir = tmp_path / "preempted"
+    process = start(command("ddp_full.py", [*LONG, "--out-dir", str(out_dir)], nproc=2), out_dir)
+    wait_for_checkpoint(process, out_dir)
+    os.kill(process.pid, signal.SIGTERM)  # what SLURM or Kubernetes sends first
+    process.wait(timeout=120)
+    log = output(out_dir)
+    stop = re.search(r"preempted at step (\d+): checkpoint written", log)
+    assert stop, log[-3000:]
+    assert (out_dir / "checkpoints" / f"step_{int(stop.group(1)):09d}.pt").exists()
+    assert not (out_dir / "model.pt").exists()
+    check(launch("ddp_full.py", [*LONG, "--out-dir", str(out_dir)], nproc=2))
+    assert_bitwise_equal(reference, out_dir)
+
+
+def test_sigterm_exits_with_status_75_after_its_checkpoint(tmp_path):
+    # A world of one under plain python: its own exit status is what the shell or scheduler sees.
+    process = start(command("ddp_full.py", [*LONG, "--out-dir", str(tmp_path / "run")]), tmp_path / "run")
+    wait_for_checkpoint(process, tmp_path / "run")
+    os.kill(process.pid, signal.SIGTERM)
+    assert process.wait(timeout=120) == 75, output(tmp_path / "run")[-3000:]
+    assert "preempted at step" in output(tmp_path / "run")
+
+
+def test_auto_resume_skips_a_torn_checkpoint_and_falls_back_to_the_previous_one(runs, tmp_path):
+    reference = runs.get("full_w2", "ddp_full.py", ["--batch-size", "8"], nproc=2)
+    import shutil
+    shutil.copytree(reference / "checkpoints", tmp_path / "checkpoints")
+    newest = tmp_path / "checkpoints" / "step_000000024.pt"
+    newest.write_bytes(newest.read_bytes()[:1000])  # a checkpoint cut short, as by a non-atomic copy
+    partial = tmp_path / "checkpoints" / ".step_000000030.pt.tmp4242"  # a writer killed mid-write
+    partial.write_bytes(b"\x50\x4b\x03")
+    result = check(launch("ddp_full.py", [*TINY, "--batch-size", "8", "--out-dir", str(tmp_path)], nproc=2))
+    assert f"skipping: checkpoint {newest} cannot be read" in result.stdout
+    assert "step_000000012.pt: epoch 2, step 0" in result.stdout
+    assert_bitwise_equal(reference, tmp_path)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_of_two_processes_train_as_one_node_of_four_and_only_global_rank_0_writes(runs, tmp_path):
+    one_node = runs.get("basic_w4", "ddp_basic.py", ["--batch-size", "4"], nproc=4)
+    port, processes = free_port(), []
+    for node in (0, 1):
+        out_dir = tmp_path / f"node{node}"  # each "node" its own disk: node 1 must write nothing
+        cmd = command("ddp_full.py", [*TINY, "--batch-size", "4", "--out-dir", str(out_dir)])
+        cmd[1:2] = ["-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=2", "--rdzv-backend=c10d",
+                    f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=two-nodes", cmd[1]]
+        processes.append(start(cmd, out_dir))
+    for process in processes:
+        assert process.wait(timeout=240) == 0, output(tmp_path / "node0")[-3000:]
+    assert not (tmp_path / "node1").exists()
+    assert "global batch 16 = 4 per process x 4 processes" in output(tmp_path / "node0")
+    # ddp_full with its defaults trains exactly as ddp_basic: the same weights, bit for bit.
+    a, b = weights(one_node), weights(tmp_path / "node0")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert [m["val_loss"] for m in metrics(one_node)] == [m["val_loss"] for m in metrics(tmp_path / "node0")]
+
+
+def test_two_identical_runs_are_bitwise_identical(runs, tmp_path):
+    reference = runs.get("full_w2", "ddp_full.py", ["--batch-size", "8"], nproc=2)
+    check(launch("ddp_full.py", [*TINY, "--batch-size", "8", "--out-dir", str(tmp_path)], nproc=2))
+    assert_bitwise_equal(reference, tmp_path)
+
+
+def test_slurm_script_parses_and_its_dry_run_prints_the_reliable_launch_line():
+    script = ROOT / "slurm" / "ddp_full.sbatch"
+    check(subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True))
+    env = dict(os.environ, DRY_RUN="1", HEAD_NODE="node17", SLURM_JOB_NUM_NODES="2", SLURM_JOB_ID="4242",
+               SLURM_GPUS_ON_NODE="4")
+    result = check(subprocess.run(["bash", str(script), "--model", "resnet18"], capture_output=True, text=True,
+                                  env=env, cwd=ROOT))
+    line = result.stdout.strip()
+    assert line.startswith("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 srun torchrun "), line
+    for part in ("--nnodes=2", "--nproc_per_node=4", "--rdzv-backend=c10d", "--rdzv-endpoint=node17:29500",
+                 "--rdzv-id=4242", "--max-restarts=3", "ddp_full.py", "--model resnet18"):
+        assert part in line, (part, line)
