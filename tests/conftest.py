@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+# LADDER_ROOT points the harness at another copy of the scripts (tools/mutation_check.py uses it to
+# show that each test fails when the pitfall it guards is put back).
+ROOT = Path(os.environ.get("LADDER_ROOT") or Path(__file__).resolve().parent.parent)
 
 # Small enough to run dozens of launches in minutes on 2 cores; the sizes are chosen so that the
 # global batches used below (8, 16, 32) divide the training set, and no tested world size (2, 3, 4)
@@ -26,7 +29,8 @@ VAL_SAMPLES = 103
 TINY = ["--model", "cnn", "--workers", "0", "--train-samples", str(TRAIN_SAMPLES),
         "--val-samples", str(VAL_SAMPLES), "--epochs", "2", "--log-interval", "1000"]
 
-LAUNCH_TIMEOUT = 240  # seconds: a hung collective fails the test instead of the whole suite
+# Seconds: a hung collective fails the test instead of the whole suite.
+LAUNCH_TIMEOUT = int(os.environ.get("LADDER_LAUNCH_TIMEOUT", 240))
 
 
 def base_env():
@@ -50,8 +54,17 @@ def command(script, args, nproc=None, torchrun_args=()):
 def launch(script, args, nproc=None, env=None, torchrun_args=(), timeout=LAUNCH_TIMEOUT):
     full_env = base_env()
     full_env.update(env or {})
-    return subprocess.run(command(script, args, nproc, torchrun_args), cwd=ROOT, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    cmd = command(script, args, nproc, torchrun_args)
+    # A session of its own, so that a launch that hangs is ended with all its workers.
+    process = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        pytest.fail(f"{' '.join(cmd)} did not finish in {timeout} s (a hung collective?)\n{stdout[-3000:]}\n{stderr[-3000:]}")
+    return subprocess.CompletedProcess(cmd, process.returncode, stdout, stderr)
 
 
 def check(result):

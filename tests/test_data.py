@@ -1,7 +1,6 @@
 """Data paths: an image tree in the ImageFolder layout, and the default synthetic run learning."""
 import random
 
-import torch
 from PIL import Image
 
 from conftest import check, launch, metrics, weights

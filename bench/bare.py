@@ -1,0 +1,102 @@
+"""Reference loops for the benchmark, launched like the ladder scripts (python or torchrun).
+
+    --mode plain        one process: forward, backward, step; nothing else
+    --mode ddp          the same under DistributedDataParallel (gloo on CPU, nccl on CUDA)
+    --mode independent  WORLD_SIZE processes training alone, no process group: no DDP run on cores
+                        these processes share can beat it (the ceiling)
+Prints one JSON line (rank 0): global samples/s, and for ddp the gradient all-reduces and bytes per
+optimizer step (counted with a communication hook), and the time spent waiting for data.
+"""
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from single_gpu import SmallCNN, make_synthetic  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mode", choices=["plain", "ddp", "independent"], default="plain")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--accum-steps", type=int, default=1)
+    parser.add_argument("--naive", action="store_true", help="accumulate without no_sync")
+    parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--model", choices=["cnn", "resnet18"], default="cnn")
+    args = parser.parse_args()
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else torch.device("cpu")
+    torch.manual_seed(0)
+    if args.model == "cnn":
+        model = SmallCNN(10).to(device)
+    else:
+        import torchvision
+        model = torchvision.models.resnet18(num_classes=10).to(device)
+    counts = {"reductions": 0, "bytes": 0}
+    if args.mode == "ddp":
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        def hook(state, bucket):
+            counts["bytes"] += bucket.buffer().numel() * bucket.buffer().element_size()
+            counts["reductions"] += bucket.index() == 0
+            return default_hooks.allreduce_hook(state, bucket)
+        model.register_comm_hook(None, hook)
+    micro = args.steps * args.accum_steps + args.warmup * args.accum_steps
+    data = make_synthetic(micro * args.batch_size, rank, "train")
+    loader = DataLoader(data, batch_size=args.batch_size, num_workers=args.workers, shuffle=False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    wait = compute = 0.0
+    samples = 0
+    iterator = iter(loader)
+    for step in range(args.warmup + args.steps):
+        if step == args.warmup:
+            if args.mode == "ddp":
+                dist.barrier()
+            counts = {"reductions": 0, "bytes": 0} | {}
+            start, wait, compute, samples = time.perf_counter(), 0.0, 0.0, 0
+        for k in range(args.accum_steps):
+            t0 = time.perf_counter()
+            images, labels = next(iterator)
+            images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+            t1 = time.perf_counter()
+            last = k == args.accum_steps - 1
+            sync = contextlib.nullcontext() if (last or args.naive or args.mode != "ddp") else model.no_sync()
+            with sync:
+                loss = F.cross_entropy(model(images), labels) / args.accum_steps
+                loss.backward()
+            wait += t1 - t0
+            compute += time.perf_counter() - t1
+            samples += labels.numel()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - start
+    result = {"samples_per_sec": samples * world_size / elapsed, "wait_fraction": wait / (wait + compute),
+              "reductions_per_step": counts["reductions"] / args.steps,
+              "bytes_per_step": counts["bytes"] / args.steps, "seconds_per_step": elapsed / args.steps}
+    if args.mode == "independent":  # no group: every process reports, the sum is the global rate
+        result["samples_per_sec"] = samples / elapsed
+    print("BENCH " + json.dumps(result), flush=True)
+    if args.mode == "ddp":
+        del model, optimizer
+        import gc
+        gc.collect()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

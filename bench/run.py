@@ -1,0 +1,224 @@
+"""Benchmark the ladder on this machine: overhead, scaling, communication, data loading, loss curves.
+
+    .venv/bin/pip install -r requirements-bench.txt && .venv/bin/python bench/run.py
+    .venv/bin/python bench/run.py --quick      # seconds: the smoke test's settings
+
+Every number is a ratio of runs made side by side in this one run (A B A B interleaved where two
+things are compared); absolute rates are quoted only with the machine they were measured on.
+Writes docs/bench/results.md, docs/bench/scaling.png and docs/bench/loss_curves.png (or --out).
+All processes run with OMP_NUM_THREADS=1, as torchrun sets it, so that 1 and N processes compare.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ["single_gpu.py", "dataparallel.py", "ddp_basic.py", "ddp_amp_accum.py", "ddp_full.py"]
+
+
+def run(cmd, env=None):
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    full_env.update(env or {})
+    result = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=900)
+    if result.returncode != 0:
+        raise SystemExit(f"benchmark run failed: {' '.join(cmd)}\n{result.stderr[-3000:]}")
+    return result.stdout
+
+
+def launcher(nproc):
+    if nproc is None:
+        return [sys.executable]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+
+
+def bare(mode, nproc=None, **flags):
+    args = [f"--{k.replace('_', '-')}={v}" for k, v in flags.items() if v is not True] + \
+           [f"--{k}" for k, v in flags.items() if v is True]
+    out = run([*launcher(nproc), str(ROOT / "bench" / "bare.py"), f"--mode={mode}", *args])
+    results = [json.loads(line[6:]) for line in out.splitlines() if line.startswith("BENCH ")]
+    merged = dict(results[0])
+    if mode == "independent":
+        merged["samples_per_sec"] = sum(r["samples_per_sec"] for r in results)
+    return merged
+
+
+def script(name, nproc, settings, extra=()):
+    with tempfile.TemporaryDirectory() as out:
+        run([*launcher(nproc), str(ROOT / name), *settings, *extra, "--out-dir", out])
+        records = [json.loads(line) for line in Path(out, "metrics.jsonl").read_text().splitlines()]
+    return records
+
+
+def steady_rate(records):
+    """Training samples/s of the epochs after the first (the first pays warm-up)."""
+    return statistics.mean(r["samples_per_sec"] for r in records[1:])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny settings, for the smoke test")
+    parser.add_argument("--out", default=str(ROOT / "docs" / "bench"), help="output folder (default: docs/bench)")
+    parser.add_argument("--pairs", type=int, default=3, help="A/B pairs per overhead ratio (default: 3)")
+    parser.add_argument("--sections", default="overhead,scaling,communication,data,curves",
+                        help="which sections to run (default: all five)")
+    parser.add_argument("--scripts", default=",".join(SCRIPTS), help="scripts for the overhead section (default: all)")
+    args = parser.parse_args(argv)
+    sections = set(args.sections.split(","))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    batch, samples, steps = (16, 160, 8) if args.quick else (64, 3200, 50)
+    pairs = 1 if args.quick else args.pairs
+    common = ["--model", "cnn", "--workers", "0", "--batch-size", str(batch), "--train-samples", str(samples),
+              "--val-samples", "64", "--epochs", "3", "--log-interval", "100000"]
+    full_only = ["--resume", "none"]
+    lines = ["# Benchmark results", "",
+             f"Measured by `bench/run.py{' --quick' if args.quick else ''}` on {datetime.date.today()}: "
+             f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, CPU only, "
+             f"torch {__import__('torch').__version__}, OMP_NUM_THREADS=1 per process. Model: the small CNN, "
+             f"batch {batch} per process, synthetic data in memory.", ""]
+
+    # 1. Overhead: each script against the bare loop, one process, interleaved A B A B.
+    if "overhead" in sections:
+        lines += overhead_section(args, batch, steps, pairs, common, full_only)
+    scaling, worlds = {}, [1, 2] + ([4] if (os.cpu_count() or 1) >= 4 else [])
+    if "scaling" in sections:
+        lines += scaling_section(scaling, worlds, batch, steps, common, full_only)
+    if "communication" in sections:
+        lines += communication_section(args, batch, steps)
+    if "data" in sections:
+        lines += data_section(batch, steps)
+    curves = {}
+    if "curves" in sections:
+        lines += curves_section(args, curves, batch, samples)
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+    plot(out, scaling, worlds, curves)
+    print(f"wrote {out / 'results.md'}")
+
+
+def overhead_section(args, batch, steps, pairs, common, full_only):
+    lines = []
+    lines += ["## 1. Overhead: each script against a bare loop (1 process)", "",
+              "Throughput ratio script / bare loop (forward, backward, step over the same DataLoader), "
+              f"median of {pairs} interleaved pairs. DDP scripts run as a world of one (DDP wrapper included).", "",
+              "| script | ratio to bare loop | pairs |", "| --- | --- | --- |"]
+    overhead = {}
+    for name in args.scripts.split(","):
+        ratios = []
+        for _ in range(pairs):
+            reference = bare("plain", batch_size=batch, steps=steps, warmup=5)["samples_per_sec"]
+            rate = steady_rate(script(name, None, common, full_only if name == "ddp_full.py" else ()))
+            ratios.append(rate / reference)
+        overhead[name] = statistics.median(ratios)
+        lines.append(f"| {name} | {overhead[name]:.3f} | {', '.join(f'{r:.3f}' for r in ratios)} |")
+        print(f"overhead {name}: {overhead[name]:.3f}", flush=True)
+    return lines
+
+
+def scaling_section(scaling, worlds, batch, steps, common, full_only):
+    lines = ["", "## 2. Scaling (fixed batch per process)", "",
+              "Global samples/s relative to the same program on 1 process; the ceiling is the same number of "
+              "independent processes with no process group.", "",
+              "| program | " + " | ".join(f"{w} proc" for w in worlds) + " | efficiency at max |",
+              "| --- | " + " | ".join("---" for _ in worlds) + " | --- |"]
+    for label, measure in [
+        ("ceiling (no communication)", lambda w: bare("independent", w, batch_size=batch, steps=steps)["samples_per_sec"]),
+        ("bare DDP loop", lambda w: bare("ddp", w, batch_size=batch, steps=steps)["samples_per_sec"]),
+        ("ddp_basic.py", lambda w: steady_rate(script("ddp_basic.py", w, common))),
+        ("ddp_full.py", lambda w: steady_rate(script("ddp_full.py", w, common, full_only))),
+    ]:
+        rates = {w: measure(w) for w in worlds}
+        scaling[label] = rates
+        speedups = [rates[w] / rates[1] for w in worlds]
+        lines.append(f"| {label} | " + " | ".join(f"{s:.2f}x" for s in speedups) +
+                     f" | {speedups[-1] / worlds[-1]:.0%} |")
+        print(f"scaling {label}: {speedups}", flush=True)
+    return lines + ["", "![scaling](scaling.png)"]
+
+
+def communication_section(args, batch, steps):
+    lines = ["", "## 3. Communication with gradient accumulation (2 processes, bare DDP loop)", "",
+              "Gradient all-reduces and bytes all-reduced per optimizer step, counted with a DDP communication "
+              "hook; time per optimizer step.", "",
+              "| K | variant | all-reduces / step | MB / step | s / step | time vs no_sync |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    for k in ([1, 4] if args.quick else [1, 4, 8]):
+        synced = bare("ddp", 2, batch_size=batch, steps=max(steps // k, 4), warmup=2, accum_steps=k)
+        naive = bare("ddp", 2, batch_size=batch, steps=max(steps // k, 4), warmup=2, accum_steps=k, naive=True)
+        for variant, r in (("no_sync", synced), ("naive", naive)):
+            lines.append(f"| {k} | {variant} | {r['reductions_per_step']:.0f} | {r['bytes_per_step'] / 1e6:.2f} | "
+                         f"{r['seconds_per_step']:.4f} | {r['seconds_per_step'] / synced['seconds_per_step']:.2f}x |")
+    return lines
+
+
+def data_section(batch, steps):
+    lines = ["", "## 4. Data loading (1 process, in-memory synthetic data)", "",
+              "| workers | samples/s | time waiting for data |", "| --- | --- | --- |"]
+    for workers in [0, 2, 4]:
+        r = bare("plain", batch_size=batch, steps=steps, workers=workers)
+        lines.append(f"| {workers} | {r['samples_per_sec']:.0f} | {r['wait_fraction']:.1%} |")
+    return lines
+
+
+def curves_section(args, curves, batch, samples):
+    curve_settings = [("single_gpu.py", None, [str(2 * batch)]), ("dataparallel.py", None, [str(2 * batch)]),
+                      ("ddp_basic.py", 2, [str(batch)]), ("ddp_amp_accum.py", 2, [str(batch // 2), "--accum-steps", "2"]),
+                      ("ddp_full.py", 2, [str(batch), "--resume", "none"])]
+    curve_common = ["--model", "cnn", "--workers", "0", "--train-samples", str(samples), "--val-samples", "200",
+                    "--epochs", "3" if args.quick else "5", "--log-interval", "100000"]
+    for name, nproc, extra in curve_settings:
+        records = script(name, nproc, [*curve_common, "--batch-size", *extra])
+        curves[name] = [r["train_loss"] for r in records]
+    spread = max(max(c) - min(c) for c in zip(*curves.values()))
+    return ["", "## 5. Loss curves", "",
+              f"Five scripts at one global batch of {2 * batch} (single_gpu and dataparallel {2 * batch} x 1, "
+              f"ddp_basic and ddp_full {batch} x 2 processes, ddp_amp_accum {batch // 2} x 2 x 2 steps): the "
+              f"per-epoch training losses differ by at most {spread:.2g} (float rounding).", "",
+              "![loss curves](loss_curves.png)"]
+
+
+def plot(out, scaling, worlds, curves):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing (pip install -r requirements-bench.txt): no plots")
+        return
+    stamp = f"{platform.machine()}, {os.cpu_count()} cores, {datetime.date.today()}"
+    if scaling:
+        plot_scaling(plt, out, scaling, worlds, stamp)
+    if curves:
+        plot_curves(plt, out, curves, stamp)
+
+
+def plot_scaling(plt, out, scaling, worlds, stamp):
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, rates in scaling.items():
+        ax.plot(worlds, [rates[w] for w in worlds], marker="o", label=label)
+    base = scaling["ceiling (no communication)"][1]
+    ax.plot(worlds, [base * w for w in worlds], "k--", label="linear ideal")
+    ax.set(xlabel="processes", ylabel="global samples/s", title=f"Throughput vs processes ({stamp})", xticks=worlds)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "scaling.png", dpi=100)
+
+
+def plot_curves(plt, out, curves, stamp):
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for (name, losses), style in zip(curves.items(), ["-", "--", ":", "-.", (0, (1, 3))]):
+        ax.plot(range(1, len(losses) + 1), losses, linestyle=style, marker="o", label=name)
+    ax.set(xlabel="epoch", ylabel="train loss", title=f"Loss curves, same global batch ({stamp})")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "loss_curves.png", dpi=100)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""Properties read from the scripts' source, or checked on one function in-process."""
+import pickle
+
+import pytest
+
+from conftest import ROOT
+from test_validation import load_script
+
+SCRIPTS = ["single_gpu.py", "dataparallel.py", "ddp_basic.py", "ddp_amp_accum.py", "ddp_full.py"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_no_deprecated_amp_api(script):
+    # torch.cuda.amp.autocast/GradScaler and torch.cpu.amp.autocast emit FutureWarnings in torch 2.x.
+    text = (ROOT / script).read_text()
+    for deprecated in ("torch.cuda.amp", "torch.cpu.amp", "cuda.amp.", "GradScaler()"):
+        assert deprecated not in text, deprecated
+
+
+class FailsHalfway:
+    """Pickling this raises after torch.save has started writing."""
+
+    def __reduce__(self):
+        raise pickle.PicklingError("boom")
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_atomic_save_leaves_the_old_file_whole_when_a_write_fails(script, tmp_path):
+    module = load_script(script)
+    target = tmp_path / "model.pt"
+    module.atomic_save({"weights": [1, 2, 3]}, target)
+    good = target.read_bytes()
+    with pytest.raises(pickle.PicklingError):
+        module.atomic_save({"weights": list(range(10000)), "bad": FailsHalfway()}, target)
+    assert target.read_bytes() == good
+    assert [p.name for p in tmp_path.iterdir()] == ["model.pt"]  # no temporary file left behind

@@ -1,0 +1,68 @@
+"""Show that each pitfall's guard fails when the pitfall is put back.
+
+For every entry of tools/pitfalls.py: copy the repository, apply the entry's mutation to the copy,
+run its guard tests against the copy (LADDER_ROOT) and expect them to FAIL. Writes docs/mutations.md.
+
+    .venv/bin/python tools/mutation_check.py            # all (about 10 minutes on 2 cores)
+    .venv/bin/python tools/mutation_check.py 3 6        # only pitfalls 3 and 6
+
+Exit status 1 if a guard passed on its mutation (a test that cannot fail).
+"""
+import datetime
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ladder import ROOT  # noqa: E402
+from pitfalls import PITFALLS  # noqa: E402
+
+IGNORE = shutil.ignore_patterns(".git", ".venv", "runs", "data", "__pycache__", ".pytest_cache", "docs")
+
+
+def check(number, pitfall):
+    script, old, new = pitfall["mutation"]
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "ladder"
+        shutil.copytree(ROOT, copy, ignore=IGNORE)
+        text = (copy / script).read_text()
+        assert old in text, f"pitfall {number}: mutation target not in {script}"
+        (copy / script).write_text(text.replace(old, new, 1))
+        env = dict(os.environ, LADDER_ROOT=str(copy), LADDER_LAUNCH_TIMEOUT="90")
+        start = time.monotonic()
+        result = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                                 *pitfall["guards"]], cwd=ROOT, env=env, capture_output=True, text=True)
+        seconds = time.monotonic() - start
+    lines = [l for l in result.stdout.splitlines() if l.startswith(("E ", "FAILED", "ERROR"))]
+    reason = next((l[2:].strip() for l in lines if l.startswith("E ")), lines[0] if lines else "")
+    return result.returncode != 0, seconds, reason[:160]
+
+
+def main(selected):
+    rows, missed = [], 0
+    for number, pitfall in enumerate(PITFALLS, 1):
+        if selected and number not in selected:
+            continue
+        failed, seconds, reason = check(number, pitfall)
+        missed += not failed
+        verdict = "guard failed (caught)" if failed else "GUARD PASSED (missed)"
+        print(f"{number:2d}. {pitfall['title']}: {verdict} in {seconds:.0f} s -- {reason}", flush=True)
+        rows.append(f"| {number} | {pitfall['title']} | `{pitfall['mutation'][0]}` | {verdict} | {seconds:.0f} s | "
+                    f"{reason.replace('|', '/')} |")
+    if not selected:
+        header = ["# Mutation check: each pitfall put back, each guard run", "",
+                  f"Run by `tools/mutation_check.py` on {datetime.date.today()} ({platform.machine()}, "
+                  f"{os.cpu_count()} cores). Each row applies one mistake to a copy of the repository and runs the "
+                  f"guard tests named in [pitfalls.md](pitfalls.md) against it; every guard must fail.", "",
+                  "| # | pitfall | mutated | result | time | first failure line |", "| --- | --- | --- | --- | --- | --- |"]
+        (ROOT / "docs" / "mutations.md").write_text("\n".join(header + rows) + "\n")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main({int(a) for a in sys.argv[1:]}))

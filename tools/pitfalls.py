@@ -1,0 +1,193 @@
+"""The pitfalls the ladder fixes: the pitfall guide (docs/pitfalls.md, written by make_diffs.py) and
+the mutations that tools/mutation_check.py puts back to show that each guard fails.
+
+fix: (script, a string found on exactly one line of it) -- the line the guide links to.
+guards: pytest node ids that must fail once `mutation` (script, old text, new text) is applied.
+"""
+
+PITFALLS = [
+    {
+        "title": "no_sync around the backward only",
+        "mistake": "calling the forward outside `model.no_sync()` and only the backward inside it (or backward "
+                   "twice on one graph, which raises, or with `retain_graph=True`, which doubles the gradient)",
+        "symptom": "gradients are still all-reduced on every micro-batch: DDP decides during the forward",
+        "correct": "one forward and one backward per micro-batch, both inside `no_sync()` except the group's last",
+        "fix": [("ddp_amp_accum.py", "sync_context = contextlib.nullcontext() if last_in_group else model.no_sync()")],
+        "guards": ["tests/test_equivalence.py::test_accumulation_all_reduces_gradients_once_per_optimizer_step"],
+        "mutation": ("ddp_amp_accum.py",
+                     "        with sync_context:\n"
+                     "            with torch.autocast(device.type, dtype=AMP_DTYPES[args.amp], enabled=args.amp != \"none\"):\n"
+                     "                logits = model(images)\n"
+                     "                loss = F.cross_entropy(logits, labels)\n",
+                     "        with torch.autocast(device.type, dtype=AMP_DTYPES[args.amp], enabled=args.amp != \"none\"):\n"
+                     "            logits = model(images)\n"
+                     "            loss = F.cross_entropy(logits, labels)\n"
+                     "        with sync_context:\n"),
+    },
+    {
+        "title": "Accumulation that all-reduces every micro-step",
+        "mistake": "accumulating gradients without `no_sync()`",
+        "symptom": "K all-reduces per optimizer step instead of one: accumulation saves no communication",
+        "correct": "`no_sync()` on every micro-batch but the last of its group",
+        "fix": [("ddp_amp_accum.py", "sync_context = contextlib.nullcontext() if last_in_group else model.no_sync()")],
+        "guards": ["tests/test_equivalence.py::test_accumulation_all_reduces_gradients_once_per_optimizer_step"],
+        "mutation": ("ddp_amp_accum.py", "contextlib.nullcontext() if last_in_group else model.no_sync()",
+                     "contextlib.nullcontext()"),
+    },
+    {
+        "title": "Validation loss as a sum of batch means",
+        "mistake": "adding up `F.cross_entropy(logits, labels)` (a batch mean) and dividing by the sample count",
+        "symptom": "a validation loss off by the batch size; with a short last batch, samples weigh unequally",
+        "correct": "sum per-sample losses (`reduction=\"sum\"`) and divide by the number of samples",
+        "fix": [("ddp_full.py", 'F.cross_entropy(logits.float(), labels, reduction="sum")')],
+        "guards": ["tests/test_validation.py::test_ddp_full_sharded_validation_equals_one_process_evaluation"],
+        "mutation": ("ddp_full.py", 'F.cross_entropy(logits.float(), labels, reduction="sum")',
+                     "F.cross_entropy(logits.float(), labels)"),
+    },
+    {
+        "title": "Validation on rank 0 through the DDP wrapper",
+        "mistake": "`if rank == 0: evaluate(model, ...)` with the DDP-wrapped model",
+        "symptom": "a hang (30 minutes, then a gloo/nccl timeout) with BatchNorm: the wrapper's forward starts a "
+                   "buffer broadcast that the other ranks never join",
+        "correct": "evaluate through `model.module` (ddp_basic, rank 0 alone) or on every rank (ddp_full)",
+        "fix": [("ddp_basic.py", "val_totals = evaluate(args, model.module, val_loader, device)")],
+        "guards": ["tests/test_launch.py::test_resnet18_with_batchnorm_validates_on_rank_0_without_hanging"],
+        "mutation": ("ddp_basic.py", "val_totals = evaluate(args, model.module, val_loader, device)",
+                     "val_totals = evaluate(args, model, val_loader, device)"),
+    },
+    {
+        "title": "DistributedSampler padding counted as data",
+        "mistake": "validating with `DistributedSampler`, which repeats samples until the set divides evenly",
+        "symptom": "`val_samples` 104 for 103 samples on 2 processes; metrics that depend on the world size",
+        "correct": "an unpadded shard per rank (`ShardSampler`) and one all-reduce of sums and counts",
+        "fix": [("ddp_full.py", "val_loader = DataLoader(val_set, sampler=ShardSampler(val_set, world_size, rank)")],
+        "guards": ["tests/test_validation.py::test_ddp_full_sharded_validation_equals_one_process_evaluation"],
+        "mutation": ("ddp_full.py", "sampler=ShardSampler(val_set, world_size, rank)",
+                     "sampler=DistributedSampler(val_set, num_replicas=world_size, rank=rank, shuffle=False)"),
+    },
+    {
+        "title": "Forgotten set_epoch",
+        "mistake": "not calling `sampler.set_epoch(epoch)` before each epoch",
+        "symptom": "every epoch sees epoch 0's order; results differ from a one-process run",
+        "correct": "`train_loader.sampler.set_epoch(epoch)` at the top of every epoch",
+        "fix": [("ddp_basic.py", "train_loader.sampler.set_epoch(epoch)")],
+        "guards": ["tests/test_equivalence.py::test_ddp_on_2_processes_matches_one_process_on_the_global_batch"],
+        "mutation": ("ddp_basic.py", "        train_loader.sampler.set_epoch(epoch)\n", "        pass\n"),
+    },
+    {
+        "title": "Clipping before unscale_",
+        "mistake": "`clip_grad_norm_` on fp16-scaled gradients",
+        "symptom": "the norm of gradients multiplied by the loss scale (65536) is clipped: steps shrink to nothing",
+        "correct": "`scaler.unscale_(optimizer)` first, once per step, then clip",
+        "fix": [("ddp_amp_accum.py", "scaler.unscale_(optimizer)")],
+        "guards": ["tests/test_amp.py::test_fp16_grad_scaler_unscales_before_clipping_and_stays_near_float32"],
+        "mutation": ("ddp_amp_accum.py", "            scaler.unscale_(optimizer)\n", "            pass\n"),
+    },
+    {
+        "title": "The deprecated torch.cuda.amp API",
+        "mistake": "`torch.cuda.amp.autocast()` / `torch.cuda.amp.GradScaler()`",
+        "symptom": "FutureWarnings; on a CPU-only machine the CUDA scaler silently disables itself",
+        "correct": "`torch.autocast(device.type, ...)` and `torch.amp.GradScaler(device.type, ...)`",
+        "fix": [("ddp_amp_accum.py", "scaler = torch.amp.GradScaler(device.type")],
+        "guards": ["tests/test_static.py::test_no_deprecated_amp_api"],
+        "mutation": ("ddp_amp_accum.py", "torch.amp.GradScaler(device.type, enabled=",
+                     "torch.cuda.amp.GradScaler(enabled="),
+    },
+    {
+        "title": "--local_rank versus LOCAL_RANK",
+        "mistake": "reading only `--local_rank` (torchrun passes none) or not accepting it (the legacy launcher "
+                   "passes `--local-rank=N`)",
+        "symptom": "every process on GPU 0, or `unrecognized arguments: --local-rank=1`",
+        "correct": "`LOCAL_RANK` from the environment, the flag accepted as a fallback",
+        "fix": [("ddp_basic.py", 'parser.add_argument("--local-rank", "--local_rank"')],
+        "guards": ["tests/test_launch.py::test_legacy_launcher_passes_local_rank_and_training_runs"],
+        "mutation": ("ddp_basic.py", 'parser.add_argument("--local-rank", "--local_rank"',
+                     'parser.add_argument("--gpu-index"'),
+    },
+    {
+        "title": "device_ids on CPU",
+        "mistake": "`DDP(model, device_ids=[local_rank])` for a CPU model",
+        "symptom": "ValueError at construction: device_ids only work with single-device GPU modules",
+        "correct": "`device_ids=[local_rank]` on CUDA, `None` on CPU",
+        "fix": [("ddp_basic.py", 'device_ids=[local_rank] if device.type == "cuda" else None')],
+        "guards": ["tests/test_equivalence.py::test_ddp_on_2_processes_matches_one_process_on_the_global_batch"],
+        "mutation": ("ddp_basic.py", 'device_ids=[local_rank] if device.type == "cuda" else None',
+                     "device_ids=[local_rank]"),
+    },
+    {
+        "title": "The module. prefix",
+        "mistake": "saving `model.state_dict()` of the DDP wrapper",
+        "symptom": "every key starts with `module.`: the bare model reports missing and unexpected keys, and "
+                   "`strict=False` silently loads nothing",
+        "correct": "save `model.module.state_dict()`",
+        "fix": [("ddp_full.py", '"model": model.module.state_dict(),')],
+        "guards": ["tests/test_resume.py::test_checkpoint_holds_the_unwrapped_model_and_everything_resume_needs"],
+        "mutation": ("ddp_full.py", '"model": model.module.state_dict(),', '"model": model.state_dict(),'),
+    },
+    {
+        "title": "Non-atomic checkpoints",
+        "mistake": "`torch.save(obj, path)` straight onto the file a reader or a restart may load",
+        "symptom": "a kill or a failure mid-write leaves a truncated file where a good one stood",
+        "correct": "write a temporary file in the same directory, then `os.replace`",
+        "fix": [("ddp_full.py", "os.replace(tmp, path)")],
+        "guards": ["tests/test_static.py::test_atomic_save_leaves_the_old_file_whole_when_a_write_fails"],
+        "mutation": ("ddp_full.py", '    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")\n',
+                     "    tmp = path\n"),
+    },
+    {
+        "title": "Every rank writes checkpoints",
+        "mistake": "saving on every process (or on each node's local rank 0)",
+        "symptom": "N writers race on one file of a shared file system, or each node fills its own disk",
+        "correct": "only global rank 0 writes; the others hand it their per-process state",
+        "fix": [("ddp_full.py", "dist.gather_object(per_rank, gathered, dst=0)")],
+        "guards": ["tests/test_cluster.py::test_two_nodes_of_two_processes_train_as_one_node_of_four_and_only_global_rank_0_writes"],
+        "mutation": ("ddp_full.py", "    dist.gather_object(per_rank, gathered, dst=0)\n    if rank != 0:\n        return\n",
+                     "    dist.gather_object(per_rank, gathered, dst=0)\n"),
+    },
+    {
+        "title": "Inexact resume",
+        "mistake": "restoring weights and optimizer but not the GradScaler, the random states or the position in "
+                   "the epoch",
+        "symptom": "a resumed run drifts from an uninterrupted one (another loss scale, other samples)",
+        "correct": "checkpoint and restore all of it; skip the samples the epoch already consumed",
+        "fix": [("ddp_full.py", 'scaler.load_state_dict(checkpoint["scaler"])')],
+        "guards": ["tests/test_resume.py::test_resume_mid_epoch_then_at_an_epoch_boundary_is_bitwise_equal_to_an_uninterrupted_run"],
+        "mutation": ("ddp_full.py", '    scaler.load_state_dict(checkpoint["scaler"])\n', "    pass\n"),
+    },
+    {
+        "title": "A collective inside `if rank == 0`",
+        "mistake": "calling code that all-reduces (here: sharded evaluation) on rank 0 only",
+        "symptom": "rank 0 waits in a collective the others never enter: a hang until the timeout",
+        "correct": "every rank calls every collective, in the same order",
+        "fix": [("ddp_full.py", "        val_totals = evaluate(args, model.module, val_loader, device)")],
+        "guards": ["tests/test_validation.py::test_ddp_full_sharded_validation_equals_one_process_evaluation"],
+        "mutation": ("ddp_full.py", "        val_totals = evaluate(args, model.module, val_loader, device)\n",
+                     "        val_totals = (evaluate(args, model.module, val_loader, device) if rank == 0\n"
+                     "                      else torch.zeros(3, dtype=torch.float64, device=device))\n"),
+    },
+    {
+        "title": "Per-process versus global batch size (and the learning rate)",
+        "mistake": "treating `--batch-size` as global (dividing it by the world size), or scaling the world size "
+                   "without thinking about the learning rate",
+        "symptom": "a different global batch than intended: results change with the number of GPUs",
+        "correct": "batch size per process; global batch = batch x world size x accumulation, printed at start; "
+                   "lr used as given (see the README)",
+        "fix": [("ddp_basic.py", 'log(f"global batch {args.batch_size * world_size} =')],
+        "guards": ["tests/test_equivalence.py::test_ddp_weights_do_not_depend_on_world_size"],
+        "mutation": ("ddp_basic.py", "        batch_size=args.batch_size,\n",
+                     "        batch_size=max(1, args.batch_size * 2 // world_size),\n"),
+    },
+    {
+        "title": "BatchNorm statistics under DDP (SyncBatchNorm)",
+        "mistake": "assuming BatchNorm sees the global batch, or converting to SyncBatchNorm where it cannot run",
+        "symptom": "each process normalises with its own small batch; `SyncBatchNorm` on CPU raises "
+                   "`ValueError: SyncBatchNorm layers only work with GPU modules`",
+        "correct": "the scripts keep plain BatchNorm (running statistics broadcast from rank 0 with the buffers); "
+                   "on GPUs with small per-process batches convert with `nn.SyncBatchNorm.convert_sync_batchnorm` "
+                   "before wrapping in DDP",
+        "fix": [("ddp_basic.py", "model = DDP(model, device_ids=")],
+        "guards": ["tests/test_launch.py::test_resnet18_with_batchnorm_validates_on_rank_0_without_hanging"],
+        "mutation": ("ddp_basic.py", "    model = DDP(model, device_ids=",
+                     "    model = nn.SyncBatchNorm.convert_sync_batchnorm(model)\n    model = DDP(model, device_ids="),
+    },
+]
