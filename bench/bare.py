@@ -33,7 +33,10 @@ def main():
     parser.add_argument("--accum-steps", type=int, default=1)
     parser.add_argument("--naive", action="store_true", help="accumulate without no_sync")
     parser.add_argument("--workers", type=int, default=0)
-    parser.add_argument("--model", choices=["cnn", "resnet18"], default="cnn")
+    parser.add_argument("--model", choices=["cnn", "resnet18", "resnet50"], default="cnn")
+    parser.add_argument("--image-size", type=int, default=0,
+                        help="random images of this side made on the device, no loader (default: 0, the "
+                             "ladder's synthetic 32x32 data through a DataLoader)")
     args = parser.parse_args()
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else torch.device("cpu")
@@ -42,7 +45,7 @@ def main():
         model = SmallCNN(10).to(device)
     else:
         import torchvision
-        model = torchvision.models.resnet18(num_classes=10).to(device)
+        model = getattr(torchvision.models, args.model)(num_classes=10).to(device)
     counts = {"reductions": 0, "bytes": 0}
     if args.mode == "ddp":
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
@@ -55,8 +58,13 @@ def main():
             return default_hooks.allreduce_hook(state, bucket)
         model.register_comm_hook(None, hook)
     micro = args.steps * args.accum_steps + args.warmup * args.accum_steps
-    data = make_synthetic(micro * args.batch_size, rank, "train")
-    loader = DataLoader(data, batch_size=args.batch_size, num_workers=args.workers, shuffle=False)
+    if args.image_size:  # data already on the device: measures the model, not the input pipeline
+        images = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=device)
+        labels = torch.randint(10, (args.batch_size,), device=device)
+        loader = [(images, labels)] * micro
+    else:
+        data = make_synthetic(micro * args.batch_size, rank, "train")
+        loader = DataLoader(data, batch_size=args.batch_size, num_workers=args.workers, shuffle=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     wait = compute = 0.0
     samples = 0

@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import random
+
 import pytest
 import torch
 
@@ -128,3 +130,37 @@ def runs(tmp_path_factory, worker_id):
     root = (base.parent if worker_id != "master" else base) / "shared-runs"
     root.mkdir(exist_ok=True)
     return Runs(root)
+
+
+CLASSES = ["circle", "square", "triangle"]
+# An image tree of 3 classes x 8 train and 3 val images; random crops and flips draw from the global
+# torch RNG in the main process (--workers 0): 2 processes x 4, 3 optimizer steps per epoch.
+IMAGEFOLDER = ["--data", "imagefolder", "--image-size", "16", "--batch-size", "4", "--epochs", "2",
+               "--workers", "0", "--log-interval", "1000"]
+
+
+def write_image_tree(root, per_class):
+    """<root>/<split>/<class>/<n>.png: small RGB images of a class colour under noise."""
+    from PIL import Image
+
+    rng = random.Random(0)
+    for split, count in per_class.items():
+        for index, name in enumerate(CLASSES):
+            (root / split / name).mkdir(parents=True)
+            for n in range(count):
+                colour = tuple(min(255, max(0, 80 * (index + 1) + rng.randint(-40, 40))) for _ in range(3))
+                image = Image.new("RGB", (20, 20), colour)
+                image.putpixel((rng.randrange(20), rng.randrange(20)), (255, 255, 255))
+                image.save(root / split / name / f"{n}.png")
+
+
+@pytest.fixture(scope="session")
+def image_tree(runs):
+    root = runs.root / "images"
+    with open(runs.root / "images.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (runs.root / "images.done").exists():
+            shutil.rmtree(root, ignore_errors=True)
+            write_image_tree(root, {"train": 8, "val": 3})
+            (runs.root / "images.done").touch()
+    return root

@@ -7,10 +7,12 @@ byte-for-byte what it was, and no file was added.
 """
 import hashlib
 import shutil
+import subprocess
 
 import pytest
 
 from conftest import TINY, launch, script_traceback
+from test_validation import load_script
 
 SCRIPTS = ["single_gpu.py", "dataparallel.py", "ddp_basic.py", "ddp_amp_accum.py", "ddp_full.py"]
 
@@ -36,16 +38,31 @@ def finished_run(runs, tmp_path):
     return tmp_path / "run"
 
 
+def call_main(script, argv, capsys):
+    """Argument checks run before any process group or data: main() itself, in this process (quicker
+    than a launch; the exit status is main's return value, as `sys.exit(main())` passes it on)."""
+    status = load_script(script).main(argv)
+    return subprocess.CompletedProcess([script, *argv], status, *capsys.readouterr())
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_batch_size_zero_is_one_clear_error(script, tmp_path):
-    result = launch(script, [*TINY, "--batch-size", "0", "--out-dir", str(tmp_path)])
+def test_batch_size_zero_is_one_clear_error(script, tmp_path, capsys):
+    result = call_main(script, [*TINY, "--batch-size", "0", "--out-dir", str(tmp_path)], capsys)
     assert_one_clear_error(result, script, "--batch-size must be at least 1, got 0")
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("script", ["ddp_amp_accum.py", "ddp_full.py"])
-def test_accum_steps_zero_is_one_clear_error(script, tmp_path):
-    result = launch(script, [*TINY, "--accum-steps", "0", "--out-dir", str(tmp_path)])
+def test_accum_steps_zero_is_one_clear_error(script, tmp_path, capsys):
+    result = call_main(script, [*TINY, "--accum-steps", "0", "--out-dir", str(tmp_path)], capsys)
     assert_one_clear_error(result, script, "--accum-steps must be at least 1, got 0")
+
+
+def test_bad_argument_under_torchrun_is_one_line_from_rank_0_and_a_failed_launch(finished_run):
+    before = snapshot(finished_run)
+    result = launch("ddp_full.py", [*TINY, "--batch-size", "0", "--out-dir", str(finished_run)], nproc=2)
+    assert_one_clear_error(result, "ddp_full.py", "--batch-size must be at least 1, got 0")
+    assert snapshot(finished_run) == before
 
 
 def test_nccl_without_cuda_is_one_clear_error(tmp_path):

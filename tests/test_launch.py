@@ -1,26 +1,9 @@
 """Launch paths and model kinds that the tiny CNN runs elsewhere do not cover."""
-import subprocess
-import sys
-
 import torch
 import torch.nn.functional as F
 
-from conftest import LAUNCH_TIMEOUT, ROOT, TINY, base_env, check, launch, metrics, weights
+from conftest import check, launch, metrics, weights
 from test_validation import load_script
-
-
-def test_legacy_launcher_passes_local_rank_and_training_runs(runs, tmp_path):
-    # torch.distributed.launch (deprecated, still shipped) appends --local-rank=N to the script's
-    # arguments; a script that did not accept it would stop at argparse.
-    legacy = subprocess.run([sys.executable, "-m", "torch.distributed.launch", "--nproc_per_node=2",
-                             str(ROOT / "ddp_basic.py"), *TINY, "--batch-size", "8",
-                             "--out-dir", str(tmp_path / "legacy")],
-                            cwd=ROOT, env=base_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT)
-    check(legacy)
-    # The same training as under torchrun.
-    reference = runs.get("basic_w2", "ddp_basic.py", ["--batch-size", "8"], nproc=2)
-    a, b = weights(reference), weights(tmp_path / "legacy")
-    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_resnet18_with_batchnorm_validates_on_rank_0_without_hanging(tmp_path):

@@ -8,7 +8,7 @@ import shutil
 
 import torch
 
-from conftest import TINY, check, launch, metrics, weights
+from conftest import IMAGEFOLDER, TINY, check, launch, metrics, weights
 
 # 2 processes x 8 samples: 12 optimizer steps per epoch of 192 samples, 2 epochs.
 ARGS = ["--batch-size", "8"]
@@ -39,20 +39,39 @@ def test_resume_mid_epoch_then_at_an_epoch_boundary_is_bitwise_equal_to_an_unint
     first = run_full(tmp_path, *FP16_ACCUM, "--max-steps", "2")
     assert "stopped after --max-steps 2" in first.stdout
     assert not (tmp_path / "model.pt").exists()
-    second = run_full(tmp_path, *FP16_ACCUM, "--epochs", "1")  # resumes mid-epoch, stops after epoch 1
-    assert "step_000000002.pt: epoch 1, step 2" in second.stdout
-    third = run_full(tmp_path, *FP16_ACCUM, "--epochs", "2")  # resumes at the epoch boundary
+    # Resumed mid-epoch from a copy of the checkpoint named by its path, to the end of epoch 1 ...
+    shutil.copy(tmp_path / "checkpoints" / "step_000000002.pt", tmp_path.parent / "saved.pt")
+    second = run_full(tmp_path, *FP16_ACCUM, "--epochs", "1", "--resume", str(tmp_path.parent / "saved.pt"))
+    assert "saved.pt: epoch 1, step 2" in second.stdout
+    # ... then with --resume auto from the epoch boundary to the end.
+    third = run_full(tmp_path, *FP16_ACCUM, "--epochs", "2")
     assert "step_000000003.pt: epoch 2, step 0" in third.stdout
     assert_bitwise_equal(reference, tmp_path)
 
 
-def test_explicit_resume_path_continues_from_that_checkpoint(runs, tmp_path):
-    reference = runs.get("full_fp16_accum_w2", "ddp_full.py", FP16_ACCUM, nproc=2)
+def test_resume_restores_the_grad_scaler_state(runs, tmp_path):
+    # The loss scale only moves after an overflow or 2000 clean steps, neither of which these short
+    # runs reach, so a bitwise comparison alone cannot tell a restored scaler from a fresh one. Give
+    # the checkpoint another scale; the run resumed from it must carry that scale on.
     stopped = runs.get("full_fp16_accum_w2_step2", "ddp_full.py", [*FP16_ACCUM, "--max-steps", "2"], nproc=2)
-    # A checkpoint copied elsewhere, resumed by its path into a fresh output directory.
-    shutil.copy(stopped / "checkpoints" / "step_000000002.pt", tmp_path / "saved.pt")
-    run_full(tmp_path / "out", *FP16_ACCUM, "--resume", str(tmp_path / "saved.pt"))
-    assert_bitwise_equal(reference, tmp_path / "out")
+    checkpoint = torch.load(stopped / "checkpoints" / "step_000000002.pt", weights_only=True)
+    assert checkpoint["scaler"]["scale"] == 65536.0
+    checkpoint["scaler"]["scale"] = 1024.0
+    torch.save(checkpoint, tmp_path / "scaled.pt")
+    run_full(tmp_path / "out", *FP16_ACCUM, "--max-steps", "3", "--resume", str(tmp_path / "scaled.pt"))
+    resumed = torch.load(tmp_path / "out" / "checkpoints" / "step_000000003.pt", weights_only=True)
+    assert resumed["scaler"]["scale"] == 1024.0
+
+
+def test_mid_epoch_resume_with_random_augmentation_restores_the_random_state(runs, image_tree, tmp_path):
+    # Random crops and flips draw from each process's global RNG: only a restored random state
+    # makes the resumed steps crop and flip as the uninterrupted run did.
+    args = [*IMAGEFOLDER, "--data-dir", str(image_tree)]
+    reference = runs.get("imagefolder_w2", "ddp_full.py", args, nproc=2)
+    check(launch("ddp_full.py", [*TINY, *args, "--max-steps", "2", "--out-dir", str(tmp_path)], nproc=2))
+    result = check(launch("ddp_full.py", [*TINY, *args, "--out-dir", str(tmp_path)], nproc=2))
+    assert "step_000000002.pt: epoch 1, step 2" in result.stdout
+    assert_bitwise_equal(reference, tmp_path)
 
 
 def test_checkpoint_holds_the_unwrapped_model_and_everything_resume_needs(runs):

@@ -34,3 +34,10 @@ def test_atomic_save_leaves_the_old_file_whole_when_a_write_fails(script, tmp_pa
         module.atomic_save({"weights": list(range(10000)), "bad": FailsHalfway()}, target)
     assert target.read_bytes() == good
     assert [p.name for p in tmp_path.iterdir()] == ["model.pt"]  # no temporary file left behind
+
+
+def test_ci_runs_the_readme_test_command_verbatim():
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    command = ci[ci.index("# README, Quickstart, command 2 (verbatim):") + 2]
+    assert command.startswith("python3 -m venv .venv && ")
+    assert f"```bash\n{command}\n```" in (ROOT / "README.md").read_text()

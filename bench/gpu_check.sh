@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# One prepared GPU check (under 8 minutes on one GPU): every ladder script for a few steps on CUDA
+# (nccl, set_device, pin_memory, fp16 with GradScaler, bf16, a checkpoint save and resume), then
+# the bare-loop throughput of resnet50 at 224x224 on synthetic data already on the GPU. Writes gpu_results.md into
+# the folder given as $1 (default: docs/bench).
+#
+#   bash bench/gpu_check.sh [OUT_DIR]          # needs CUDA; DRY_RUN=1 prints the commands only
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-docs/bench}
+PY=${PYTHON:-python3}
+NGPU=$($PY -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+if [ -z "${DRY_RUN:-}" ] && [ "$NGPU" -lt 1 ]; then
+    echo "gpu_check: no CUDA device visible" >&2
+    exit 2
+fi
+NPROC=$(( NGPU < 2 ? 1 : 2 ))
+TMP=$(mktemp -d)
+SMALL=(--model resnet18 --workers 2 --train-samples 2048 --val-samples 500 --epochs 1 --batch-size 128 --log-interval 8)
+mkdir -p "$OUT"
+RESULTS="$OUT/gpu_results.md"
+{
+    echo "# GPU check"
+    echo
+    echo "Run by \`bench/gpu_check.sh\` on $(date -u +%F): $($PY -c 'import torch; print(torch.cuda.get_device_name(0), "x", torch.cuda.device_count(), "| torch", torch.__version__)' 2>/dev/null)"
+    echo
+    echo "| check | result | seconds |"
+    echo "| --- | --- | --- |"
+} > "$RESULTS"
+
+check() {  # check NAME COMMAND...: run it, record ok/FAILED and the time
+    local name=$1; shift
+    if [ -n "${DRY_RUN:-}" ]; then echo "$*"; return; fi
+    local start=$SECONDS
+    if "$@" > "$TMP/$name.log" 2>&1; then result=ok; else result="FAILED (see log)"; tail -20 "$TMP/$name.log"; fi
+    echo "| $name | $result | $((SECONDS - start)) |" >> "$RESULTS"
+}
+
+TR=($PY -m torch.distributed.run --standalone --nproc_per_node=$NPROC)
+check single_gpu        $PY single_gpu.py "${SMALL[@]}" --out-dir "$TMP/1"
+check dataparallel      $PY dataparallel.py "${SMALL[@]}" --out-dir "$TMP/2"
+check ddp_basic_nccl    "${TR[@]}" ddp_basic.py "${SMALL[@]}" --backend nccl --out-dir "$TMP/3"
+check amp_fp16_scaler   "${TR[@]}" ddp_amp_accum.py "${SMALL[@]}" --amp fp16 --accum-steps 2 --clip-grad-norm 1 --out-dir "$TMP/4"
+check amp_bf16          "${TR[@]}" ddp_amp_accum.py "${SMALL[@]}" --amp bf16 --out-dir "$TMP/5"
+check full_stop         "${TR[@]}" ddp_full.py "${SMALL[@]}" --amp fp16 --max-steps 4 --out-dir "$TMP/6"
+check full_resume       "${TR[@]}" ddp_full.py "${SMALL[@]}" --amp fp16 --out-dir "$TMP/6"
+check full_uninterrupted "${TR[@]}" ddp_full.py "${SMALL[@]}" --amp fp16 --out-dir "$TMP/7"
+check resume_matches    $PY -c "import torch,sys; a=torch.load(sys.argv[1]); b=torch.load(sys.argv[2]); \
+d=max((a[k].float()-b[k].float()).abs().max().item() for k in a); print('max diff', d); sys.exit(d > 1e-3)" \
+    "$TMP/6/model.pt" "$TMP/7/model.pt"
+if [ -z "${DRY_RUN:-}" ]; then
+    echo >> "$RESULTS"
+    echo "Throughput, resnet50 at 224x224, batch 64, data already on the GPU (bench/bare.py; plain, then DDP):" >> "$RESULTS"
+    echo '```' >> "$RESULTS"
+    $PY bench/bare.py --mode plain --model resnet50 --image-size 224 --batch-size 64 --steps 40 --warmup 10 >> "$RESULTS" 2>&1
+    "${TR[@]}" bench/bare.py --mode ddp --model resnet50 --image-size 224 --batch-size 64 --steps 40 --warmup 10 2>/dev/null | grep BENCH >> "$RESULTS"
+    echo '```' >> "$RESULTS"
+    cat "$RESULTS"
+fi
