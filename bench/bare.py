@@ -98,7 +98,8 @@ def main():
               "bytes_per_step": counts["bytes"] / args.steps, "seconds_per_step": elapsed / args.steps}
     if args.mode == "independent":  # no group: every process reports, the sum is the global rate
         result["samples_per_sec"] = samples / elapsed
-    print("BENCH " + json.dumps(result), flush=True)
+    if rank == 0 or args.mode == "independent":  # one write per line: lines of processes never interleave
+        os.write(1, ("BENCH " + json.dumps(result) + "\n").encode())
     if args.mode == "ddp":
         del model, optimizer
         import gc

@@ -5,6 +5,7 @@ run its guard tests against the copy (LADDER_ROOT) and expect them to FAIL. Writ
 
     .venv/bin/python tools/mutation_check.py            # all (about 10 minutes on 2 cores)
     .venv/bin/python tools/mutation_check.py 3 6        # only pitfalls 3 and 6
+    .venv/bin/python tools/mutation_check.py --check    # all, without rewriting docs/mutations.md (CI)
 
 Exit status 1 if a guard passed on its mutation (a test that cannot fail).
 """
@@ -43,7 +44,7 @@ def check(number, pitfall):
     return result.returncode != 0, seconds, reason[:160]
 
 
-def main(selected):
+def main(selected, write=True):
     rows, missed = [], 0
     for number, pitfall in enumerate(PITFALLS, 1):
         if selected and number not in selected:
@@ -54,15 +55,17 @@ def main(selected):
         print(f"{number:2d}. {pitfall['title']}: {verdict} in {seconds:.0f} s -- {reason}", flush=True)
         rows.append(f"| {number} | {pitfall['title']} | `{pitfall['mutation'][0]}` | {verdict} | {seconds:.0f} s | "
                     f"{reason.replace('|', '/')} |")
-    if not selected:
+    if write and not selected:
         header = ["# Mutation check: each pitfall put back, each guard run", "",
                   f"Run by `tools/mutation_check.py` on {datetime.date.today()} ({platform.machine()}, "
                   f"{os.cpu_count()} cores). Each row applies one mistake to a copy of the repository and runs the "
                   f"guard tests named in [pitfalls.md](pitfalls.md) against it; every guard must fail.", "",
                   "| # | pitfall | mutated | result | time | first failure line |", "| --- | --- | --- | --- | --- | --- |"]
         (ROOT / "docs" / "mutations.md").write_text("\n".join(header + rows) + "\n")
+    # "caught" counts as passed: the guard failed on its mutation, as it must.
+    print(f"mutations: {len(rows) - missed} passed, {missed} failed")
     return 1 if missed else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main({int(a) for a in sys.argv[1:]}))
+    sys.exit(main({int(a) for a in sys.argv[1:] if a != "--check"}, write="--check" not in sys.argv))
