@@ -20,6 +20,7 @@ import math
 import os
 import random
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -72,7 +73,9 @@ def parse_args(argv=None):
                         help="side of the square images fed to the model, imagefolder only (default: 32)")
     parser.add_argument("--model", choices=["cnn", "resnet18"], default="cnn",
                         help="cnn: small and fast, no batch statistics; resnet18: torchvision's (default: cnn)")
-    parser.add_argument("--workers", type=int, default=2, help="data loader processes (default: 2)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="data loader processes (default: 0 for synthetic data, already in memory, "
+                             "where workers only add copies; 2 for image files)")
     parser.add_argument("--out-dir", default=None,
                         help="where model.pt and metrics.jsonl go (default: runs/<script name>)")
     parser.add_argument("--log-interval", type=int, default=20,
@@ -90,6 +93,8 @@ def parse_args(argv=None):
     parser.add_argument("--local-rank", "--local_rank", type=int, default=None,
                         help="set by the legacy launcher; torchrun sets LOCAL_RANK (default: from the environment)")
     args = parser.parse_args(argv)
+    if args.workers is None:
+        args.workers = 0 if args.data == "synthetic" else 2
     if args.out_dir is None:
         args.out_dir = os.path.join("runs", Path(__file__).stem)
     return args
@@ -169,14 +174,14 @@ def setup_distributed(args):
     return rank, local_rank, world_size, device
 
 
-def rank0_first(rank, function, *args):
-    """Call function on rank 0 first (a download, say), then on the others, so no two write the same files.
+def rank0_only(rank, function, *args):
+    """Call function on rank 0 alone; a ConfigError it raises stops every process with the same line.
 
     The others wait for rank 0's verdict in a collective rather than a barrier: a ConfigError on
     rank 0 then stops every process with the same error, and none is left waiting on a peer that
     has exited.
     """
-    verdict = [None]
+    result, verdict = None, [None]
     if rank == 0:
         try:
             result = function(*args)
@@ -185,6 +190,12 @@ def rank0_first(rank, function, *args):
     dist.broadcast_object_list(verdict, src=0)
     if verdict[0] is not None:
         raise ConfigError(verdict[0])
+    return result
+
+
+def rank0_first(rank, function, *args):
+    """Call function on rank 0 first (a download, say), then on the others, so no two write the same files."""
+    result = rank0_only(rank, function, *args)
     return result if rank == 0 else function(*args)
 
 
@@ -384,6 +395,18 @@ def evaluate(args, model, loader, device):
 
 # --- checkpointing -----------------------------------------------------------------------------
 
+def prepare_out_dir(args):
+    """Create --out-dir and make sure a file can be written there, before any time goes into training."""
+    try:
+        Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+        # Writing a file is the one sure test: permissions, read-only mounts and a file standing
+        # where the directory should be all fail here, in one line, instead of after the last epoch.
+        with tempfile.TemporaryFile(dir=args.out_dir):
+            pass
+    except OSError as err:
+        raise ConfigError(f"cannot write to --out-dir {args.out_dir}: {err.strerror or err}")
+
+
 def atomic_save(obj, path):
     """Write to a temporary file, then rename: a reader sees the old file or the new one, never half."""
     path = Path(path)
@@ -403,6 +426,8 @@ def atomic_save(obj, path):
 
 def train(args):
     rank, local_rank, world_size, device = setup_distributed(args)
+    # Rank 0 writes the results: if it cannot, every process stops now, not after training.
+    rank0_only(rank, prepare_out_dir, args)
     set_seed(args.seed)
     train_set, val_set, num_classes = rank0_first(rank, build_datasets, args)
     if len(train_set) < world_size:
@@ -426,7 +451,6 @@ def train(args):
     out_dir = Path(args.out_dir)
     metrics_path = out_dir / "metrics.jsonl"
     if rank == 0:
-        out_dir.mkdir(parents=True, exist_ok=True)
         metrics_path.write_text("")
     log(f"device {device} | model {args.model} | {len(train_set)} train / {len(val_set)} val samples")
     log(f"global batch {args.batch_size * world_size * args.accum_steps} = {args.batch_size} per process "

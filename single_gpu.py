@@ -8,6 +8,7 @@ import json
 import os
 import random
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -57,12 +58,16 @@ def parse_args(argv=None):
                         help="side of the square images fed to the model, imagefolder only (default: 32)")
     parser.add_argument("--model", choices=["cnn", "resnet18"], default="cnn",
                         help="cnn: small and fast, no batch statistics; resnet18: torchvision's (default: cnn)")
-    parser.add_argument("--workers", type=int, default=2, help="data loader processes (default: 2)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="data loader processes (default: 0 for synthetic data, already in memory, "
+                             "where workers only add copies; 2 for image files)")
     parser.add_argument("--out-dir", default=None,
                         help="where model.pt and metrics.jsonl go (default: runs/<script name>)")
     parser.add_argument("--log-interval", type=int, default=20,
                         help="optimizer steps between progress lines (default: 20)")
     args = parser.parse_args(argv)
+    if args.workers is None:
+        args.workers = 0 if args.data == "synthetic" else 2
     if args.out_dir is None:
         args.out_dir = os.path.join("runs", Path(__file__).stem)
     return args
@@ -269,6 +274,18 @@ def evaluate(args, model, loader, device):
 
 # --- checkpointing -----------------------------------------------------------------------------
 
+def prepare_out_dir(args):
+    """Create --out-dir and make sure a file can be written there, before any time goes into training."""
+    try:
+        Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+        # Writing a file is the one sure test: permissions, read-only mounts and a file standing
+        # where the directory should be all fail here, in one line, instead of after the last epoch.
+        with tempfile.TemporaryFile(dir=args.out_dir):
+            pass
+    except OSError as err:
+        raise ConfigError(f"cannot write to --out-dir {args.out_dir}: {err.strerror or err}")
+
+
 def atomic_save(obj, path):
     """Write to a temporary file, then rename: a reader sees the old file or the new one, never half."""
     path = Path(path)
@@ -288,6 +305,8 @@ def atomic_save(obj, path):
 
 def train(args):
     device = get_device()
+    # If the results cannot be written, stop now, not after training.
+    prepare_out_dir(args)
     set_seed(args.seed)
     train_set, val_set, num_classes = build_datasets(args)
     train_loader, val_loader = build_loaders(args, train_set, val_set, device)
@@ -296,7 +315,6 @@ def train(args):
                                 weight_decay=args.weight_decay)
 
     out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     metrics_path = out_dir / "metrics.jsonl"
     metrics_path.write_text("")
     log(f"device {device} | model {args.model} | {len(train_set)} train / {len(val_set)} val samples")

@@ -58,6 +58,33 @@ def test_accum_steps_zero_is_one_clear_error(script, tmp_path, capsys):
     assert_one_clear_error(result, script, "--accum-steps must be at least 1, got 0")
 
 
+def blocked_out_dir(tmp_path):
+    """An --out-dir that cannot be created: a file stands where its parent directory should be.
+
+    (The tests run as root on CI, where a read-only directory is still writable; a file in the way
+    fails the same check for every user.)"""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("keep me")
+    return blocker / "out"
+
+
+@pytest.mark.parametrize("script", ["single_gpu.py", "dataparallel.py"])
+def test_out_dir_that_cannot_be_written_is_one_clear_error_before_training(script, tmp_path, capsys):
+    out_dir = blocked_out_dir(tmp_path)
+    result = call_main(script, [*TINY, "--out-dir", str(out_dir)], capsys)
+    assert_one_clear_error(result, script, f"cannot write to --out-dir {out_dir}: Not a directory")
+    assert "epoch" not in result.stdout  # it stopped before training, not after
+    assert out_dir.parent.read_text() == "keep me"
+
+
+def test_out_dir_that_cannot_be_written_stops_every_rank_with_one_line_from_rank_0(tmp_path):
+    out_dir = blocked_out_dir(tmp_path)
+    result = launch("ddp_full.py", [*TINY, "--out-dir", str(out_dir)], nproc=2)
+    assert_one_clear_error(result, "ddp_full.py", f"cannot write to --out-dir {out_dir}: Not a directory")
+    assert "epoch" not in result.stdout
+    assert out_dir.parent.read_text() == "keep me"
+
+
 def test_bad_argument_under_torchrun_is_one_line_from_rank_0_and_a_failed_launch(finished_run):
     before = snapshot(finished_run)
     result = launch("ddp_full.py", [*TINY, "--batch-size", "0", "--out-dir", str(finished_run)], nproc=2)

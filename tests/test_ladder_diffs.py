@@ -27,10 +27,10 @@ MANIFEST = {
     },
     "ddp_basic.py": {
         "changed": {"docstring", "imports", "parse_args", "log", "build_loaders", "train_one_epoch", "train", "main"},
-        "added": {"setup_distributed", "rank0_first", "cleanup_distributed"},
+        "added": {"setup_distributed", "rank0_only", "rank0_first", "cleanup_distributed"},
         "removed": {"get_device"},
         "flags_added": {"--backend", "--local-rank"},
-        "diff_size": (131, 40),
+        "diff_size": (138, 41),
     },
     "ddp_amp_accum.py": {
         "changed": {"docstring", "imports", "parse_args", "check_args", "train_one_epoch", "evaluate", "train"},
