@@ -67,6 +67,8 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="tiny settings, for the smoke test")
     parser.add_argument("--out", default=str(ROOT / "docs" / "bench"), help="output folder (default: docs/bench)")
     parser.add_argument("--pairs", type=int, default=3, help="A/B pairs per overhead ratio (default: 3)")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="rounds of the scaling and DDP-settings measurements (default: 2)")
     parser.add_argument("--sections", default="overhead,scaling,settings,communication,data,curves",
                         help="which sections to run (default: all six)")
     parser.add_argument("--scripts", default=",".join(SCRIPTS), help="scripts for the overhead section (default: all)")
@@ -76,6 +78,7 @@ def main(argv=None):
     out.mkdir(parents=True, exist_ok=True)
     batch, samples, steps = (16, 160, 8) if args.quick else (64, 3200, 50)
     pairs = 1 if args.quick else args.pairs
+    rounds = 1 if args.quick else args.rounds
     # 3 epochs of 25 steps: the first pays warm-up, the other two are timed (steady_rate).
     common = ["--model", "cnn", "--workers", "0", "--batch-size", str(batch), "--train-samples", str(samples // 2),
               "--val-samples", "64", "--epochs", "3", "--log-interval", "100000"]
@@ -91,9 +94,9 @@ def main(argv=None):
         lines += overhead_section(args, batch, samples // 2, steps, pairs, common, full_only)
     scaling, worlds = {}, [1, 2] + ([4] if (os.cpu_count() or 1) >= 4 else [])
     if "scaling" in sections:
-        lines += scaling_section(scaling, worlds, batch, samples // 2, steps, common, full_only)
+        lines += scaling_section(scaling, worlds, batch, samples // 2, steps, common, full_only, rounds)
     if "settings" in sections:
-        lines += settings_section(args, min(pairs, 2))
+        lines += settings_section(args, rounds)
     if "communication" in sections:
         lines += communication_section(args, batch, steps)
     if "data" in sections:
@@ -134,24 +137,32 @@ def overhead_section(args, batch, samples, steps, pairs, common, full_only):
     return lines
 
 
-def scaling_section(scaling, worlds, batch, samples, steps, common, full_only):
+def scaling_section(scaling, worlds, batch, samples, steps, common, full_only, rounds):
     lines = ["", "## 2. Scaling (fixed batch per process)", "",
-              "Global samples/s relative to the same program on 1 process; the ceiling is the same number of "
-              "independent processes with no process group.", "",
+              "Global samples/s relative to the same program on 1 process, median over "
+              f"{rounds} rounds (each round measures every program at every size once; the speed-ups of each "
+              "round are in brackets); the ceiling is the same number of independent processes with no "
+              "process group.", "",
               "| program | " + " | ".join(f"{w} proc" for w in worlds) + " | efficiency at max |",
               "| --- | " + " | ".join("---" for _ in worlds) + " | --- |"]
-    for label, measure in [
+    programs = [
         ("ceiling (no communication)", lambda w: bare("independent", w, batch_size=batch, steps=steps,
                                                                train_samples=samples)["samples_per_sec"]),
         ("bare DDP loop", lambda w: bare("ddp", w, batch_size=batch, steps=steps, train_samples=samples)["samples_per_sec"]),
         ("ddp_basic.py", lambda w: steady_rate(script("ddp_basic.py", w, common))),
         ("ddp_full.py", lambda w: steady_rate(script("ddp_full.py", w, common, full_only))),
-    ]:
-        rates = {w: measure(w) for w in worlds}
-        scaling[label] = rates
-        speedups = [rates[w] / rates[1] for w in worlds]
-        lines.append(f"| {label} | " + " | ".join(f"{s:.2f}x" for s in speedups) +
-                     f" | {speedups[-1] / worlds[-1]:.0%} |")
+    ]
+    measured = {label: [] for label, _ in programs}
+    for _ in range(rounds):  # drift then hits every program alike
+        for label, measure in programs:
+            measured[label].append({w: measure(w) for w in worlds})
+    for label, _ in programs:
+        per_round = [[r[w] / r[1] for w in worlds] for r in measured[label]]
+        speedups = [statistics.median(s[i] for s in per_round) for i in range(len(worlds))]
+        scaling[label] = {w: speedups[i] for i, w in enumerate(worlds)}
+        cells = [f"{s:.2f}x" + (f" ({', '.join(f'{r[i]:.2f}' for r in per_round)})" if i and rounds > 1 else "")
+                 for i, s in enumerate(speedups)]
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {speedups[-1] / worlds[-1]:.0%} |")
         print(f"scaling {label}: {speedups}", flush=True)
     return lines + ["", "![scaling](scaling.png)"]
 
@@ -263,9 +274,9 @@ def plot_scaling(plt, out, scaling, worlds, stamp):
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, rates in scaling.items():
         ax.plot(worlds, [rates[w] for w in worlds], marker="o", label=label)
-    base = scaling["ceiling (no communication)"][1]
-    ax.plot(worlds, [base * w for w in worlds], "k--", label="linear ideal")
-    ax.set(xlabel="processes", ylabel="global samples/s", title=f"Throughput vs processes ({stamp})", xticks=worlds)
+    ax.plot(worlds, worlds, "k--", label="linear ideal")
+    ax.set(xlabel="processes", ylabel="global throughput / 1 process", title=f"Speed-up vs processes ({stamp})",
+           xticks=worlds)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "scaling.png", dpi=100)
