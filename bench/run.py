@@ -57,9 +57,10 @@ def script(name, nproc, settings, extra=()):
     return records
 
 
-def steady_rate(records):
-    """Training samples/s of the epochs after the first (the first pays warm-up)."""
-    return statistics.mean(r["samples_per_sec"] for r in records[1:])
+def steady_rate(records, warmup_epochs=1):
+    """Training samples/s of the epochs after the warm-up ones. The epochs are equal, so the harmonic
+    mean of their rates is their samples over their time."""
+    return statistics.harmonic_mean([r["samples_per_sec"] for r in records[warmup_epochs:]])
 
 
 def main(argv=None):
@@ -67,8 +68,9 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="tiny settings, for the smoke test")
     parser.add_argument("--out", default=str(ROOT / "docs" / "bench"), help="output folder (default: docs/bench)")
     parser.add_argument("--pairs", type=int, default=3, help="A/B pairs per overhead ratio (default: 3)")
-    parser.add_argument("--rounds", type=int, default=2,
-                        help="rounds of the scaling and DDP-settings measurements (default: 2)")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds of the scaling measurement (default: 4)")
+    parser.add_argument("--settings-rounds", type=int, default=2,
+                        help="rounds of the DDP-settings measurement, resnet18 and slow (default: 2)")
     parser.add_argument("--sections", default="overhead,scaling,settings,communication,data,curves",
                         help="which sections to run (default: all six)")
     parser.add_argument("--scripts", default=",".join(SCRIPTS), help="scripts for the overhead section (default: all)")
@@ -79,24 +81,31 @@ def main(argv=None):
     batch, samples, steps = (16, 160, 8) if args.quick else (64, 3200, 50)
     pairs = 1 if args.quick else args.pairs
     rounds = 1 if args.quick else args.rounds
-    # 3 epochs of 25 steps: the first pays warm-up, the other two are timed (steady_rate).
-    common = ["--model", "cnn", "--workers", "0", "--batch-size", str(batch), "--train-samples", str(samples // 2),
-              "--val-samples", "64", "--epochs", "3", "--log-interval", "100000"]
+    scaling, worlds = {}, [1, 2] + ([4] if (os.cpu_count() or 1) >= 4 else [])
+    # A set that every world size splits into full batches: a process with a short last batch runs a
+    # step at a worse samples/s than the bare loop's full ones, which would be counted against the scripts.
+    per_epoch = samples // 2 // (batch * worlds[-1]) * (batch * worlds[-1])
+    # Every program at every size times the same steps per process: one epoch of one process
+    # (24 steps) as warm-up, then two such epochs. On w processes an epoch has 1/w of those steps, so
+    # a script runs 3w epochs and the first w are its warm-up; a bare loop runs the same steps.
+    epoch_steps = per_epoch // batch
+    timing = dict(batch_size=batch, warmup=epoch_steps, steps=2 * epoch_steps, train_samples=per_epoch)
+    common = ["--model", "cnn", "--workers", "0", "--batch-size", str(batch), "--train-samples", str(per_epoch),
+              "--val-samples", "64", "--log-interval", "100000"]
     full_only = ["--resume", "none"]
     lines = ["# Benchmark results", "",
-             f"Measured by `bench/run.py{' --quick' if args.quick else ''}` on {datetime.date.today()}: "
+             f"Measured by `{' '.join(['bench/run.py', *(sys.argv[1:] if argv is None else argv)])}` on {datetime.date.today()}: "
              f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, CPU only, "
              f"torch {__import__('torch').__version__}, OMP_NUM_THREADS=1 per process. Model: the small CNN, "
              f"batch {batch} per process, synthetic data in memory.", ""]
 
     # 1. Overhead: each script against the bare loop, one process, interleaved A B A B.
     if "overhead" in sections:
-        lines += overhead_section(args, batch, samples // 2, steps, pairs, common, full_only)
-    scaling, worlds = {}, [1, 2] + ([4] if (os.cpu_count() or 1) >= 4 else [])
+        lines += overhead_section(args, timing, pairs, common, full_only)
     if "scaling" in sections:
-        lines += scaling_section(scaling, worlds, batch, samples // 2, steps, common, full_only, rounds)
+        lines += scaling_section(scaling, worlds, timing, common, full_only, rounds)
     if "settings" in sections:
-        lines += settings_section(args, rounds)
+        lines += settings_section(args, 1 if args.quick else args.settings_rounds)
     if "communication" in sections:
         lines += communication_section(args, batch, steps)
     if "data" in sections:
@@ -109,11 +118,12 @@ def main(argv=None):
     print(f"wrote {out / 'results.md'}")
 
 
-def overhead_section(args, batch, samples, steps, pairs, common, full_only):
+def overhead_section(args, timing, pairs, common, full_only):
     lines = ["## 1. Overhead: each script against a bare loop (1 process)", "",
              "Throughput ratio script / bare loop of the same model, data and batch over the same DataLoader "
              "(forward, backward, step, nothing else; the same number of samples in memory, since on "
-             "this machine the size of the set alone moves throughput by 20%), median of "
+             "this machine the size of the set alone moves throughput by 20%; the same "
+             f"{timing['warmup']} warm-up and {timing['steps']} timed steps), median of "
              f"{pairs} interleaved pairs (A B A B). The DDP scripts run as a world of one and are compared "
              "with the bare loop under the same DDP wrapper; the last column is that bare DDP loop against "
              "the plain one, the cost of DDP itself on one process.", "",
@@ -122,13 +132,12 @@ def overhead_section(args, batch, samples, steps, pairs, common, full_only):
         ddp = name.startswith("ddp_")
         ratios, wrapper = [], []
         for _ in range(pairs):
-            reference = bare("ddp" if ddp else "plain", 1 if ddp else None, batch_size=batch, steps=steps,
-                             warmup=5, train_samples=samples)["samples_per_sec"]
-            rate = steady_rate(script(name, None, common, full_only if name == "ddp_full.py" else ()))
+            reference = bare("ddp" if ddp else "plain", 1 if ddp else None, **timing)["samples_per_sec"]
+            rate = steady_rate(script(name, None, [*common, "--epochs", "3"],
+                                      full_only if name == "ddp_full.py" else ()))
             ratios.append(rate / reference)
             if ddp:
-                wrapper.append(reference / bare("plain", batch_size=batch, steps=steps, warmup=5,
-                                                train_samples=samples)["samples_per_sec"])
+                wrapper.append(reference / bare("plain", **timing)["samples_per_sec"])
         median = statistics.median(ratios)
         lines.append(f"| {name} | {median:.3f} | {', '.join(f'{r:.3f}' for r in ratios)} | "
                      f"{statistics.median(wrapper):.3f} |" if ddp else
@@ -137,20 +146,20 @@ def overhead_section(args, batch, samples, steps, pairs, common, full_only):
     return lines
 
 
-def scaling_section(scaling, worlds, batch, samples, steps, common, full_only, rounds):
+def scaling_section(scaling, worlds, timing, common, full_only, rounds):
     lines = ["", "## 2. Scaling (fixed batch per process)", "",
               "Global samples/s relative to the same program on 1 process, median over "
               f"{rounds} rounds (each round measures every program at every size once; the speed-ups of each "
               "round are in brackets); the ceiling is the same number of independent processes with no "
-              "process group.", "",
+              f"process group. Every program, at every size, times {timing['steps']} steps per process after "
+              f"{timing['warmup']} warm-up steps, over a set that splits into full batches.", "",
               "| program | " + " | ".join(f"{w} proc" for w in worlds) + " | efficiency at max |",
               "| --- | " + " | ".join("---" for _ in worlds) + " | --- |"]
     programs = [
-        ("ceiling (no communication)", lambda w: bare("independent", w, batch_size=batch, steps=steps,
-                                                               train_samples=samples)["samples_per_sec"]),
-        ("bare DDP loop", lambda w: bare("ddp", w, batch_size=batch, steps=steps, train_samples=samples)["samples_per_sec"]),
-        ("ddp_basic.py", lambda w: steady_rate(script("ddp_basic.py", w, common))),
-        ("ddp_full.py", lambda w: steady_rate(script("ddp_full.py", w, common, full_only))),
+        ("ceiling (no communication)", lambda w: bare("independent", w, **timing)["samples_per_sec"]),
+        ("bare DDP loop", lambda w: bare("ddp", w, **timing)["samples_per_sec"]),
+        ("ddp_basic.py", lambda w: steady_rate(script("ddp_basic.py", w, [*common, "--epochs", str(3 * w)]), w)),
+        ("ddp_full.py", lambda w: steady_rate(script("ddp_full.py", w, [*common, "--epochs", str(3 * w)], full_only), w)),
     ]
     measured = {label: [] for label, _ in programs}
     for _ in range(rounds):  # drift then hits every program alike
@@ -164,6 +173,25 @@ def scaling_section(scaling, worlds, batch, samples, steps, common, full_only, r
                  for i, s in enumerate(speedups)]
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {speedups[-1] / worlds[-1]:.0%} |")
         print(f"scaling {label}: {speedups}", flush=True)
+    # The same comparison without a ratio of ratios: each script against the bare DDP loop of the same round.
+    bare_ddp = measured["bare DDP loop"]
+    top = worlds[-1]
+    lines += ["", "Each script's samples/s against the bare DDP loop's at the same size, and its speed-up at "
+              f"{top} processes against the bare loop's speed-up in the same round: medians over rounds, "
+              "with the lowest and highest round. Scaling as well as the bare loop means a speed-up ratio of "
+              "at least 1; if the two scale alike, about half the rounds fall on either side of 1.", "",
+              "| program | " + " | ".join(f"vs bare DDP, {w} proc" for w in worlds) +
+              f" | speed-up / bare DDP's at {top} proc | rounds at or above 1 |",
+              "| --- | " + " | ".join("---" for _ in worlds) + " | --- | --- |"]
+
+    def spread(values):
+        return f"{statistics.median(values):.3f} ({min(values):.2f}-{max(values):.2f})"
+    for label in ("ddp_basic.py", "ddp_full.py"):
+        ratios = [[r[w] / b[w] for r, b in zip(measured[label], bare_ddp)] for w in worlds]
+        relative = [(r[top] / r[1]) / (b[top] / b[1]) for r, b in zip(measured[label], bare_ddp)]
+        lines.append(f"| {label} | " + " | ".join(spread(rs) for rs in ratios) +
+                     f" | {spread(relative)} | {sum(x >= 1 for x in relative)} of {len(relative)} |")
+        print(f"scaling {label} / bare DDP: {statistics.median(relative):.3f}", flush=True)
     return lines + ["", "![scaling](scaling.png)"]
 
 
@@ -215,8 +243,9 @@ def communication_section(args, batch, steps):
               "| K | variant | all-reduces / step | MB / step | s / step | time vs no_sync |",
               "| --- | --- | --- | --- | --- | --- |"]
     for k in ([1, 4] if args.quick else [1, 4, 8]):
-        synced = bare("ddp", 2, batch_size=batch, steps=max(steps // k, 4), warmup=2, accum_steps=k)
-        naive = bare("ddp", 2, batch_size=batch, steps=max(steps // k, 4), warmup=2, accum_steps=k, naive=True)
+        synced = bare("ddp", 2, batch_size=batch, steps=max(steps // k, 4), warmup=2, accum_steps=k, count_comm=True)
+        naive = bare("ddp", 2, batch_size=batch, steps=max(steps // k, 4), warmup=2, accum_steps=k, naive=True,
+                     count_comm=True)
         for variant, r in (("no_sync", synced), ("naive", naive)):
             lines.append(f"| {k} | {variant} | {r['reductions_per_step']:.0f} | {r['bytes_per_step'] / 1e6:.2f} | "
                          f"{r['seconds_per_step']:.4f} | {r['seconds_per_step'] / synced['seconds_per_step']:.2f}x |")

@@ -1,8 +1,14 @@
-"""The benchmark runs and writes its table (a smoke test: behaviour only, never a timing assertion)."""
+"""The benchmark runs and writes its table, and the GPU check names only flags the scripts accept
+(smoke tests: behaviour only, never a timing assertion)."""
+import importlib.util
+import os
+import shlex
 import subprocess
 import sys
 
 from conftest import ROOT
+
+SCRIPTS = ["single_gpu.py", "dataparallel.py", "ddp_basic.py", "ddp_amp_accum.py", "ddp_full.py"]
 
 
 def test_benchmark_quick_run_writes_a_results_table(tmp_path):
@@ -14,3 +20,25 @@ def test_benchmark_quick_run_writes_a_results_table(tmp_path):
     assert "| single_gpu.py |" in table
     ratio = float(table.split("| single_gpu.py |")[1].split("|")[1])
     assert ratio > 0  # a measured number, not a placeholder; its size is the benchmark's business
+
+
+def test_gpu_check_runs_every_script_with_flags_it_accepts(tmp_path):
+    # The check itself needs CUDA, which CI does not have; its dry run prints the commands it would
+    # run, so a renamed or removed flag fails here instead of on the next machine with a GPU.
+    result = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), str(tmp_path)], cwd=ROOT,
+                            env=dict(os.environ, DRY_RUN="1", PYTHON=sys.executable),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    checked = set()
+    for line in result.stdout.splitlines():
+        words = shlex.split(line)
+        names = [w for w in words if w in SCRIPTS]
+        if not names:
+            continue
+        name = names[0]
+        spec = importlib.util.spec_from_file_location(f"gpu_check_{name[:-3]}", ROOT / name)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        module.parse_args(words[words.index(name) + 1:])  # argparse exits (the test fails) on a bad flag
+        checked.add(name)
+    assert checked == set(SCRIPTS)
