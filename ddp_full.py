@@ -16,7 +16,8 @@ Every process evaluates its own shard of the validation set and one all-reduce o
 exact metrics of the whole set. Rank 0 writes checkpoints atomically to <out-dir>/checkpoints/;
 a restart (--resume auto, the default) continues from the newest readable one and ends bitwise
 identical to a run that was never stopped. SIGTERM (preemption) finishes the optimizer step,
-writes a checkpoint and exits with status 75 (EX_TEMPFAIL): "requeue me".
+writes a checkpoint and exits with status 75 (EX_TEMPFAIL): "requeue me". --bucket-cap-mb and
+--gradient-as-bucket-view tune how DDP carries gradients (bench/ measures when they pay).
 """
 import argparse
 import contextlib
@@ -116,6 +117,12 @@ def parse_args(argv=None):
     parser.add_argument("--max-steps", type=int, default=0,
                         help="stop after this many optimizer steps in all, with a checkpoint to resume from; "
                              "0: no limit (default: 0)")
+    parser.add_argument("--bucket-cap-mb", type=float, default=25.0,
+                        help="DDP gradient bucket size in MB: larger buckets mean fewer, bigger all-reduces "
+                             "(default: 25, DDP's)")
+    parser.add_argument("--gradient-as-bucket-view", action="store_true",
+                        help="DDP keeps gradients as views into its all-reduce buckets, saving a copy and "
+                             "the memory of one set of gradients (default: off, DDP's)")
     parser.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
                         help="process group backend; auto is nccl with CUDA, gloo without (default: auto)")
     # torch.distributed.launch passes --local-rank=N (--local_rank before torch 2.0); torchrun sets
@@ -144,6 +151,8 @@ def check_args(args):
         raise ConfigError(f"--lr must be positive, got {args.lr}")
     if args.clip_grad_norm < 0:
         raise ConfigError(f"--clip-grad-norm must be 0 (off) or positive, got {args.clip_grad_norm}")
+    if args.bucket_cap_mb <= 0:
+        raise ConfigError(f"--bucket-cap-mb must be positive, got {args.bucket_cap_mb}")
     for name in ("ckpt_steps", "ckpt_epochs", "max_steps"):
         if getattr(args, name) < 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be 0 (off) or more, got {getattr(args, name)}")
@@ -678,7 +687,10 @@ def train(args):
     model = build_model(args, num_classes).to(device)
     # DDP broadcasts rank 0's weights at construction and averages gradients during backward.
     # device_ids names the one GPU this process drives; on CPU it must be left out.
-    model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+    # Bucket size and gradient views change how gradients travel, never their values (bench/: they
+    # pay on large models, where all-reduces take a share of each step).
+    model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None,
+                bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=args.gradient_as_bucket_view)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=MOMENTUM,
                                 weight_decay=args.weight_decay)
     # fp16 needs loss scaling (small gradients underflow in fp16); bf16 has fp32's range and does
@@ -710,6 +722,9 @@ def train(args):
         # A resumed run rewrites the records of the epochs its checkpoint has seen, no more, no fewer.
         metrics_path.write_text("".join(json.dumps(record) + "\n" for record in state["history"]))
     log(f"device {device} | model {args.model} | {len(train_set)} train / {len(val_set)} val samples")
+    # Read back from DDP itself, so the line shows what DDP was given.
+    log(f"DDP buckets of {model.bucket_bytes_cap / 2**20:.3g} MB | gradients as bucket views: "
+        f"{'yes' if model.gradient_as_bucket_view else 'no'}")
     log(f"global batch {args.batch_size * world_size * args.accum_steps} = {args.batch_size} per process "
         f"x {world_size} processes x {args.accum_steps} accumulation steps | amp {args.amp}")
     if checkpoint_path is not None:

@@ -40,7 +40,7 @@ def launcher(nproc):
 
 
 def bare(mode, nproc=None, **flags):
-    args = [f"--{k.replace('_', '-')}={v}" for k, v in flags.items() if v is not True] + \
+    args = [f"--{k.replace('_', '-')}={v}" for k, v in flags.items() if v is not True and v is not False] + \
            [f"--{k.replace('_', '-')}" for k, v in flags.items() if v is True]
     out = run([*launcher(nproc), str(ROOT / "bench" / "bare.py"), f"--mode={mode}", *args])
     results = [json.loads(found) for found in re.findall(r"BENCH (\{[^}]*\})", out)]
@@ -70,7 +70,8 @@ def main(argv=None):
     parser.add_argument("--pairs", type=int, default=3, help="A/B pairs per overhead ratio (default: 3)")
     parser.add_argument("--rounds", type=int, default=4, help="rounds of the scaling measurement (default: 4)")
     parser.add_argument("--settings-rounds", type=int, default=2,
-                        help="rounds of the DDP-settings measurement, resnet18 and slow (default: 2)")
+                        help="rounds of the DDP-settings and communication measurements, which run resnet18 "
+                             "and are slow (default: 2)")
     parser.add_argument("--sections", default="overhead,scaling,settings,communication,data,curves",
                         help="which sections to run (default: all six)")
     parser.add_argument("--scripts", default=",".join(SCRIPTS), help="scripts for the overhead section (default: all)")
@@ -97,7 +98,10 @@ def main(argv=None):
              f"Measured by `{' '.join(['bench/run.py', *(sys.argv[1:] if argv is None else argv)])}` on {datetime.date.today()}: "
              f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, CPU only, "
              f"torch {__import__('torch').__version__}, OMP_NUM_THREADS=1 per process. Model: the small CNN, "
-             f"batch {batch} per process, synthetic data in memory.", ""]
+             f"batch {batch} per process, synthetic data in memory.", "",
+             "**Read with care.** Every single measurement stands beside its median. Where the measurements of "
+             "one ratio fall on both sides of 1.0 (or of each other), the medians are a tie at this machine's "
+             "noise, not a difference.", ""]
 
     # 1. Overhead: each script against the bare loop, one process, interleaved A B A B.
     if "overhead" in sections:
@@ -107,7 +111,7 @@ def main(argv=None):
     if "settings" in sections:
         lines += settings_section(args, 1 if args.quick else args.settings_rounds)
     if "communication" in sections:
-        lines += communication_section(args, batch, steps)
+        lines += communication_section(args, batch, steps, 1 if args.quick else args.settings_rounds)
     if "data" in sections:
         lines += data_section(batch, steps)
     curves = {}
@@ -236,19 +240,30 @@ def settings_section(args, pairs):
     return lines
 
 
-def communication_section(args, batch, steps):
+def communication_section(args, batch, steps, rounds):
     lines = ["", "## 4. Communication with gradient accumulation (2 processes, bare DDP loop)", "",
               "Gradient all-reduces and bytes all-reduced per optimizer step, counted with a DDP communication "
-              "hook; time per optimizer step.", "",
-              "| K | variant | all-reduces / step | MB / step | s / step | time vs no_sync |",
-              "| --- | --- | --- | --- | --- | --- |"]
-    for k in ([1, 4] if args.quick else [1, 4, 8]):
-        synced = bare("ddp", 2, batch_size=batch, steps=max(steps // k, 4), warmup=2, accum_steps=k, count_comm=True)
-        naive = bare("ddp", 2, batch_size=batch, steps=max(steps // k, 4), warmup=2, accum_steps=k, naive=True,
-                     count_comm=True)
-        for variant, r in (("no_sync", synced), ("naive", naive)):
-            lines.append(f"| {k} | {variant} | {r['reductions_per_step']:.0f} | {r['bytes_per_step'] / 1e6:.2f} | "
-                         f"{r['seconds_per_step']:.4f} | {r['seconds_per_step'] / synced['seconds_per_step']:.2f}x |")
+              f"hook, and time per optimizer step, median of {rounds} rounds (no_sync and naive alternate). "
+              "Two models: the small CNN, whose gradients are small beside its compute, and resnet18 "
+              "(32x32, batch 32), whose 45 MB of gradients take a share of each step that shows (section 3).", "",
+              "| model | K | variant | all-reduces / step | MB / step | s / step | time vs no_sync | rounds |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    models = [("cnn", dict(batch_size=batch)), ("resnet18", dict(batch_size=8 if args.quick else 32, image_size=32))]
+    for model, flags in models[:1] if args.quick else models:
+        model_steps = steps if model == "cnn" else max(steps // 4, 4)
+        for k in ([1, 4] if args.quick else [1, 4, 8]):
+            measured = {"no_sync": [], "naive": []}
+            for _ in range(rounds):
+                for variant in measured:
+                    measured[variant].append(bare("ddp", 2, model=model, **flags, steps=max(model_steps // k, 4),
+                                                  warmup=2, accum_steps=k, naive=variant == "naive", count_comm=True))
+            synced = statistics.median(r["seconds_per_step"] for r in measured["no_sync"])
+            for variant, runs in measured.items():
+                times = [r["seconds_per_step"] for r in runs]
+                time = statistics.median(times)
+                lines.append(f"| {model} | {k} | {variant} | {runs[0]['reductions_per_step']:.0f} | "
+                             f"{runs[0]['bytes_per_step'] / 1e6:.2f} | {time:.4f} | {time / synced:.2f}x | "
+                             f"{', '.join(f'{t / synced:.2f}' for t in times)} |")
     return lines
 
 

@@ -58,6 +58,11 @@ def test_accum_steps_zero_is_one_clear_error(script, tmp_path, capsys):
     assert_one_clear_error(result, script, "--accum-steps must be at least 1, got 0")
 
 
+def test_bucket_cap_mb_zero_is_one_clear_error(tmp_path, capsys):
+    result = call_main("ddp_full.py", [*TINY, "--bucket-cap-mb", "0", "--out-dir", str(tmp_path)], capsys)
+    assert_one_clear_error(result, "ddp_full.py", "--bucket-cap-mb must be positive, got 0.0")
+
+
 def blocked_out_dir(tmp_path):
     """An --out-dir that cannot be created: a file stands where its parent directory should be.
 

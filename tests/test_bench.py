@@ -1,10 +1,13 @@
-"""The benchmark runs and writes its table, and the GPU check names only flags the scripts accept
-(smoke tests: behaviour only, never a timing assertion)."""
+"""The benchmark runs and writes its table; the GPU check names only flags the scripts accept and,
+without CUDA, stops with one line (smoke tests: behaviour only, never a timing assertion)."""
 import importlib.util
 import os
 import shlex
 import subprocess
 import sys
+
+import pytest
+import torch
 
 from conftest import ROOT
 
@@ -42,3 +45,12 @@ def test_gpu_check_runs_every_script_with_flags_it_accepts(tmp_path):
         module.parse_args(words[words.index(name) + 1:])  # argparse exits (the test fails) on a bad flag
         checked.add(name)
     assert checked == set(SCRIPTS)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="about machines without CUDA; with it the check runs for real")
+def test_gpu_check_without_cuda_is_one_clear_error_and_writes_nothing(tmp_path):
+    result = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), str(tmp_path / "out")], cwd=ROOT,
+                            env=dict(os.environ, PYTHON=sys.executable), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "gpu_check: no CUDA device visible"
+    assert not (tmp_path / "out").exists()

@@ -46,8 +46,9 @@ MANIFEST = {
                   "ShardSampler", "should_stop", "rng_state", "set_rng_state", "save_checkpoint", "list_checkpoints",
                   "load_checkpoint", "find_checkpoint", "restore", "stopped"},
         "removed": set(),
-        "flags_added": {"--resume", "--ckpt-steps", "--ckpt-epochs", "--keep-last", "--max-steps"},
-        "diff_size": (321, 33),
+        "flags_added": {"--resume", "--ckpt-steps", "--ckpt-epochs", "--keep-last", "--max-steps", "--bucket-cap-mb",
+                        "--gradient-as-bucket-view"},
+        "diff_size": (337, 34),
     },
 }
 
