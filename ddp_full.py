@@ -687,8 +687,8 @@ def train(args):
     model = build_model(args, num_classes).to(device)
     # DDP broadcasts rank 0's weights at construction and averages gradients during backward.
     # device_ids names the one GPU this process drives; on CPU it must be left out.
-    # Bucket size and gradient views change how gradients travel, never their values (bench/: they
-    # pay on large models, where all-reduces take a share of each step).
+    # Bucket size and gradient views change how gradients travel, not what is averaged (at most the
+    # rounding of the sum on over 2 processes); bench/ shows they pay where all-reduces are large.
     model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None,
                 bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=args.gradient_as_bucket_view)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=MOMENTUM,

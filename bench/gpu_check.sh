@@ -64,8 +64,12 @@ if [ -z "${DRY_RUN:-}" ]; then
     echo >> "$RESULTS"
     echo "Throughput, resnet50 at 224x224, batch 64, data already on the GPU (bench/bare.py; plain, then DDP):" >> "$RESULTS"
     echo '```' >> "$RESULTS"
-    $PY bench/bare.py --mode plain --model resnet50 --image-size 224 --batch-size 64 --steps 40 --warmup 10 >> "$RESULTS" 2>&1
-    "${TR[@]}" bench/bare.py --mode ddp --model resnet50 --image-size 224 --batch-size 64 --steps 40 --warmup 10 2>/dev/null | grep BENCH >> "$RESULTS"
+    # A throughput run that fails counts as a failed check too (its output stays in the log).
+    $PY bench/bare.py --mode plain --model resnet50 --image-size 224 --batch-size 64 --steps 40 --warmup 10 \
+        > "$OUT/gpu_check_logs/throughput_plain.log" 2>&1 || FAILED=$((FAILED + 1))
+    "${TR[@]}" bench/bare.py --mode ddp --model resnet50 --image-size 224 --batch-size 64 --steps 40 --warmup 10 \
+        > "$OUT/gpu_check_logs/throughput_ddp.log" 2>&1 || FAILED=$((FAILED + 1))
+    grep -h BENCH "$OUT/gpu_check_logs/throughput_plain.log" "$OUT/gpu_check_logs/throughput_ddp.log" >> "$RESULTS"
     echo '```' >> "$RESULTS"
     cat "$RESULTS"
 fi

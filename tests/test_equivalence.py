@@ -12,6 +12,7 @@ run the very same arithmetic and must be bitwise equal.
 import json
 
 from conftest import TRAIN_SAMPLES, max_weight_difference, metrics, run_ok, weights
+from test_resume import FP16_ACCUM  # the same arguments, so the shared run cache serves both files
 
 WEIGHT_ATOL = 1e-5
 LOSS_ATOL = 1e-6  # per-epoch mean losses: measured differences <= 7.4e-8
@@ -63,11 +64,13 @@ def test_ddp_amp_accum_with_default_flags_is_bitwise_ddp_basic(runs):
 
 def test_ddp_bucket_flags_reach_ddp_and_leave_the_weights_bitwise_unchanged(runs, tmp_path):
     # 10 KB buckets split the model's 0.23 MB of gradients into many all-reduces, and the gradients
-    # become views into them. On 2 processes every averaged element is still the sum of the same two
-    # halves, whichever bucket carries it, so the weights must be bitwise those of DDP's defaults.
-    reference = runs.get("full_w2", "ddp_full.py", ["--batch-size", "8"], nproc=2)
-    tuned = run_ok("ddp_full.py", tmp_path, ["--batch-size", "8", "--bucket-cap-mb", "0.01",
-                                             "--gradient-as-bucket-view"], nproc=2)
+    # become views into them, through what touches gradients most: no_sync accumulation, fp16 loss
+    # scaling (unscale and step) and zero_grad. On 2 processes every averaged element is still the
+    # sum of the same two halves, whichever bucket carries it, so the weights must be bitwise those of
+    # DDP's defaults. (On more processes the bucket layout may change the order of the sum: rounding.)
+    reference = runs.get("full_fp16_accum_w2", "ddp_full.py", FP16_ACCUM, nproc=2)
+    tuned = run_ok("ddp_full.py", tmp_path, [*FP16_ACCUM, "--bucket-cap-mb", "0.01", "--gradient-as-bucket-view"],
+                   nproc=2)
     assert "DDP buckets of 0.01 MB | gradients as bucket views: yes" in tuned.stdout
     assert_same_training(reference, tmp_path, atol=0.0)
 
