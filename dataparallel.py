@@ -1,13 +1,22 @@
-"""Step 2 of the DDP ladder: the same program on every visible GPU with nn.DataParallel (CPU: one device).
+"""Step 2 of the DDP ladder: the same program on every visible GPU with nn.DataParallel.
 
     python dataparallel.py
-    CUDA_VISIBLE_DEVICES=0,1 python dataparallel.py --data cifar10 --download --model resnet18 --epochs 30
+    CUDA_VISIBLE_DEVICES=0,1 python dataparallel.py --data cifar10 --download --model resnet18
 
-DataParallel is the one-line way to use several GPUs, and the wrong way to scale: one Python process
-drives every GPU (the GIL serialises the work), the model is copied to every GPU on every forward,
-and GPU 0 scatters the inputs, gathers the outputs and computes the loss, so it needs more memory
-and time than the others. It does not span machines. PyTorch recommends DistributedDataParallel
-(the next step, ddp_basic.py) even on one machine.
+To train something else, edit the section "your data and model" and nothing else.
+
+DataParallel is the one-line way to use several GPUs, and the wrong way to scale: one Python
+process drives every GPU (the GIL serialises the work), the model is copied to every GPU on every
+forward, and GPU 0 scatters the inputs, gathers the outputs and computes the loss, so it needs more
+memory and time than the others. It does not span machines. PyTorch recommends
+DistributedDataParallel (the next step, ddp_basic.py) even on one machine.
+
+BatchNorm under DataParallel: each GPU normalises its own chunk of the batch, and the running
+statistics that validation uses come from GPU 0's chunk alone (the other replicas are copies made
+for one forward and discarded). A GPU given a chunk of one sample cannot train BatchNorm at all
+("Expected more than 1 value per channel"): the batch is split with torch.chunk, so a short last
+batch of 16 on 6 GPUs is 3,3,3,3,3,1. This script drops the short last batch; choose a --batch-size
+that splits into chunks of at least two (10 on 4 GPUs is 3,3,3,1).
 """
 import argparse
 import json
@@ -21,108 +30,45 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, RandomSampler, Subset, TensorDataset
+from torch.utils.data import DataLoader, RandomSampler, Subset, TensorDataset, default_collate
 
 # torchvision is imported inside the functions that need it: it takes seconds to import, and the
 # default run (synthetic data, small CNN) does not use it.
 
-SYNTHETIC_DEFAULTS = {"train": 4096, "val": 1000}
-NUM_SYNTHETIC_CLASSES = 10
 MOMENTUM = 0.9
 
 
-# --- config ------------------------------------------------------------------------------------
+# --- your data and model ------------------------------------------------------------------------
+# The one section to edit to train something else: the task's flags, its data sets, its model,
+# and what a batch costs (the loss) and scores (the metrics). Nothing outside this section knows
+# about images, classes or these flags (tests/test_seam.py swaps in another task to prove it).
 
-class ConfigError(Exception):
-    """Bad input from the user: reported as one line and a non-zero exit, never as a traceback."""
+SYNTHETIC_DEFAULTS = {"train": 4096, "val": 1000}
+NUM_SYNTHETIC_CLASSES = 10
+# Validation reports the mean over all samples of each of these (evaluate_batch returns sums).
+EVAL_METRICS = ("loss", "acc")
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--epochs", type=int, default=5, help="passes over the training set (default: 5)")
-    parser.add_argument("--batch-size", type=int, default=64,
-                        help="samples per process per optimizer step; the global batch is batch size x "
-                             "world size x accumulation steps (default: 64)")
-    parser.add_argument("--lr", type=float, default=0.05,
-                        help="learning rate for the global batch, used as given (default: 0.05)")
-    parser.add_argument("--weight-decay", type=float, default=5e-4, help="SGD weight decay (default: 5e-4)")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="seed for the model, the synthetic data and the shuffle (default: 0)")
-    parser.add_argument("--data", choices=["synthetic", "cifar10", "imagefolder"], default="synthetic",
-                        help="data set (default: synthetic)")
+def add_task_arguments(parser):
+    parser.add_argument("--data", choices=["synthetic", "cifar10", "imagefolder"],
+                        default="synthetic", help="data set")
     parser.add_argument("--data-dir", default="data",
-                        help="root of cifar10, or of an image tree with train/<class>/* and val/<class>/* "
-                             "(default: data)")
-    parser.add_argument("--download", action="store_true", help="download cifar10 into --data-dir if missing")
+                        help="root of cifar10, or of an image tree train/<class>/*, val/<class>/*")
+    parser.add_argument("--download", action="store_true", help="download cifar10 into --data-dir")
     parser.add_argument("--train-samples", type=int, default=None,
                         help="size of the synthetic training set, a cap on a real one "
                              f"(default: {SYNTHETIC_DEFAULTS['train']} synthetic, all real)")
     parser.add_argument("--val-samples", type=int, default=None,
-                        help="size of the synthetic validation set, a cap on a real one "
+                        help="likewise for validation "
                              f"(default: {SYNTHETIC_DEFAULTS['val']} synthetic, all real)")
     parser.add_argument("--image-size", type=int, default=32,
-                        help="side of the square images fed to the model, imagefolder only (default: 32)")
-    parser.add_argument("--model", choices=["cnn", "resnet18"], default="cnn",
-                        help="cnn: small and fast, no batch statistics; resnet18: torchvision's (default: cnn)")
-    parser.add_argument("--workers", type=int, default=None,
-                        help="data loader processes (default: 0 for synthetic data, already in memory, "
-                             "where workers only add copies; 2 for image files)")
-    parser.add_argument("--out-dir", default=None,
-                        help="where model.pt and metrics.jsonl go (default: runs/<script name>)")
-    parser.add_argument("--log-interval", type=int, default=20,
-                        help="optimizer steps between progress lines (default: 20)")
-    args = parser.parse_args(argv)
-    if args.workers is None:
-        args.workers = 0 if args.data == "synthetic" else 2
-    if args.out_dir is None:
-        args.out_dir = os.path.join("runs", Path(__file__).stem)
-    return args
+                        help="side of the images of --data imagefolder; random training crops "
+                             "keep 8-100%% of an image from 128 px up (ImageNet's recipe), "
+                             "35-100%% below")
+    parser.add_argument("--model", default="cnn",
+                        help="cnn (small, no batch statistics) or any torchvision classification "
+                             "model by name: resnet18, resnet50, convnext_tiny, vit_b_16, ...")
 
-
-def check_args(args):
-    """Reject settings that cannot work before any process does any work."""
-    for name in ("epochs", "batch_size", "log_interval"):
-        if getattr(args, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    for name in ("train_samples", "val_samples"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    if args.workers < 0:
-        raise ConfigError(f"--workers must be 0 or more, got {args.workers}")
-    if args.lr <= 0:
-        raise ConfigError(f"--lr must be positive, got {args.lr}")
-
-
-def set_seed(seed):
-    """Seed every generator the training code draws from (Python's and torch's, CPU and CUDA)."""
-    random.seed(seed)
-    torch.manual_seed(seed)
-
-
-# --- logging -----------------------------------------------------------------------------------
-
-def log(message):
-    print(message, flush=True)
-
-
-def format_seconds(seconds):
-    seconds = int(max(seconds, 0))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-
-
-def write_metrics(path, record):
-    """Append one JSON object per line: a file that survives a crash up to its last complete line."""
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
-
-
-# --- device ------------------------------------------------------------------------------------
-
-def get_device():
-    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-
-
-# --- data --------------------------------------------------------------------------------------
 
 def make_synthetic(num_samples, seed, split):
     """Images of 3x32x32 in 10 classes, a pure function of (num_samples, seed, split).
@@ -131,7 +77,8 @@ def make_synthetic(num_samples, seed, split):
     strong noise, so a model has to learn (accuracy starts at chance) but can (it rises well above).
     The generators are private: building data never moves the global RNG that seeds the model.
     """
-    patterns = torch.randn(NUM_SYNTHETIC_CLASSES, 3, 4, 4, generator=torch.Generator().manual_seed(seed))
+    patterns = torch.randn(NUM_SYNTHETIC_CLASSES, 3, 4, 4,
+                           generator=torch.Generator().manual_seed(seed))
     patterns = F.interpolate(patterns, size=(32, 32), mode="bilinear", align_corners=False)
     generator = torch.Generator().manual_seed(seed * 2 + {"train": 1, "val": 2}[split])
     labels = torch.randint(NUM_SYNTHETIC_CLASSES, (num_samples,), generator=generator)
@@ -141,9 +88,13 @@ def make_synthetic(num_samples, seed, split):
 
 
 def build_datasets(args):
-    """Return (train_set, val_set, num_classes); a missing or empty data directory is a ConfigError."""
+    """Return (train_set, val_set, num_outputs); bad data settings are a ConfigError."""
+    for name in ("train_samples", "val_samples"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
     if args.data == "synthetic":
-        train_set = make_synthetic(args.train_samples or SYNTHETIC_DEFAULTS["train"], args.seed, "train")
+        train_set = make_synthetic(args.train_samples or SYNTHETIC_DEFAULTS["train"], args.seed,
+                                   "train")
         val_set = make_synthetic(args.val_samples or SYNTHETIC_DEFAULTS["val"], args.seed, "val")
         return train_set, val_set, NUM_SYNTHETIC_CLASSES
     import torchvision.datasets as datasets
@@ -151,18 +102,25 @@ def build_datasets(args):
 
     if args.data == "cifar10":
         normalize = T.Normalize((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
-        train_tf = T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(), normalize])
+        train_tf = T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(),
+                              normalize])
         val_tf = T.Compose([T.ToTensor(), normalize])
         try:
-            train_set = datasets.CIFAR10(args.data_dir, train=True, transform=train_tf, download=args.download)
-            val_set = datasets.CIFAR10(args.data_dir, train=False, transform=val_tf, download=args.download)
+            train_set = datasets.CIFAR10(args.data_dir, train=True, transform=train_tf,
+                                         download=args.download)
+            val_set = datasets.CIFAR10(args.data_dir, train=False, transform=val_tf,
+                                       download=args.download)
         except RuntimeError as err:  # torchvision's "Dataset not found or corrupted"
-            raise ConfigError(f"cifar10 not found in {args.data_dir!r} ({err}); add --download") from None
+            raise ConfigError(f"cifar10 not found in {args.data_dir!r} ({err}); add --download") \
+                from None
         num_classes = 10
     else:
         normalize = T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
-        train_tf = T.Compose([T.RandomResizedCrop(args.image_size), T.RandomHorizontalFlip(), T.ToTensor(),
-                              normalize])
+        # ImageNet's crops keep as little as 8% of a 224-pixel photo; 8% of a small image is a few
+        # pixels of its object, so small images keep at least 35%.
+        scale = (0.08, 1.0) if args.image_size >= 128 else (0.35, 1.0)
+        train_tf = T.Compose([T.RandomResizedCrop(args.image_size, scale=scale),
+                              T.RandomHorizontalFlip(), T.ToTensor(), normalize])
         val_tf = T.Compose([T.Resize(round(args.image_size * 8 / 7)), T.CenterCrop(args.image_size),
                             T.ToTensor(), normalize])
         splits = []
@@ -186,26 +144,6 @@ def build_datasets(args):
     return train_set, val_set, num_classes
 
 
-def build_loaders(args, train_set, val_set, device):
-    # A shuffle generator reseeded every epoch makes each epoch's order a pure function of
-    # (seed, epoch): any run with the same seed sees the same samples in the same order.
-    train_sampler = RandomSampler(train_set, generator=torch.Generator())
-    loader_args = dict(
-        batch_size=args.batch_size,
-        num_workers=args.workers,
-        persistent_workers=args.workers > 0,
-        # Page-locked host memory lets the copy to the GPU run asynchronously (non_blocking=True).
-        pin_memory=device.type == "cuda",
-        # The loader's own generator seeds its workers, leaving the global RNG to the model.
-        generator=torch.Generator().manual_seed(args.seed),
-    )
-    train_loader = DataLoader(train_set, sampler=train_sampler, **loader_args)
-    val_loader = DataLoader(val_set, shuffle=False, **loader_args)
-    return train_loader, val_loader
-
-
-# --- model -------------------------------------------------------------------------------------
-
 class SmallCNN(nn.Module):
     """A fast CNN without batch statistics, so its output depends on each sample alone."""
 
@@ -222,33 +160,214 @@ class SmallCNN(nn.Module):
         return self.classifier(torch.flatten(self.features(x), 1))
 
 
-def build_model(args, num_classes):
-    if args.model == "resnet18":
-        import torchvision.models as models
+def build_model(args, num_outputs):
+    if args.model == "cnn":
+        return SmallCNN(num_outputs)
+    import torchvision.models as models
 
-        return models.resnet18(num_classes=num_classes)
-    return SmallCNN(num_classes)
+    # torchvision's registry holds every classification model by name; built untrained.
+    if args.model not in models.list_models(module=models):
+        raise ConfigError(f"unknown --model {args.model!r}: cnn or a torchvision classification "
+                          "model; list them with: python -c \"import torchvision.models as m; "
+                          "print(m.list_models(module=m))\"")
+    return models.get_model(args.model, num_classes=num_outputs)
 
 
-# --- train/eval --------------------------------------------------------------------------------
+def batch_loss(model, batch):
+    """The loss to train on (a mean over the batch), and how many samples the batch holds."""
+    images, labels = batch
+    return F.cross_entropy(model(images), labels), labels.numel()
+
+
+def evaluate_batch(model, batch):
+    """The sums over the batch of each of EVAL_METRICS, and how many samples the batch holds."""
+    images, labels = batch
+    logits = model(images).float()
+    loss = F.cross_entropy(logits, labels, reduction="sum")
+    correct = (logits.argmax(dim=1) == labels).sum()
+    return torch.stack([loss.double(), correct.double()]), labels.numel()
+
+
+# --- config -------------------------------------------------------------------------------------
+
+class ConfigError(Exception):
+    """Bad input from the user: reported as one line and a non-zero exit, never as a traceback."""
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help states each default; a flag without a fixed one (None) states it in its own help."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=HelpFormatter)
+    parser.add_argument("--epochs", type=int, default=5, help="passes over the training set")
+    parser.add_argument("--batch-size", type=int, default=64,
+                        help="samples per process per micro-batch; the global batch is batch size "
+                             "x world size x accumulation steps")
+    parser.add_argument("--lr", type=float, default=0.03,
+                        help="SGD learning rate for the global batch, used as given")
+    parser.add_argument("--weight-decay", type=float, default=5e-4, help="SGD weight decay")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the model, data and shuffle")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="data loader processes per process (default: 0 for data already in "
+                             "memory as tensors, where workers only add copies; 2 otherwise)")
+    parser.add_argument("--out-dir", default=None, help="output folder (default: runs/<script>)")
+    parser.add_argument("--log-interval", type=int, default=20,
+                        help="optimizer steps between progress lines")
+    parser.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=True,
+                        help="4-D inputs and weights in channels-last memory order: faster "
+                             "convolutions on GPUs with --amp and, measured, on CPU")
+    parser.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=True,
+                        help="CUDA: float32 matmuls and convolutions on tensor cores (TF32)")
+    parser.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction, default=True,
+                        help="CUDA: cuDNN times its algorithms per input shape, keeps the fastest")
+    add_task_arguments(parser)
+    args = parser.parse_args(argv)
+    if args.out_dir is None:
+        args.out_dir = os.path.join("runs", Path(__file__).stem)
+    return args
+
+
+def check_args(args):
+    """Reject settings that cannot work before any process does any work."""
+    for name in ("epochs", "batch_size", "log_interval"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, "
+                              f"got {getattr(args, name)}")
+    if args.workers is not None and args.workers < 0:
+        raise ConfigError(f"--workers must be 0 or more, got {args.workers}")
+    if args.lr <= 0:
+        raise ConfigError(f"--lr must be positive, got {args.lr}")
+
+
+def set_seed(seed):
+    """Seed every generator the training code draws from (Python's and torch's, CPU and CUDA)."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# --- logging ------------------------------------------------------------------------------------
+
+def log(message):
+    print(message, flush=True)
+
+
+def format_seconds(seconds):
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def describe(model):
+    millions = sum(p.numel() for p in model.parameters()) / 1e6
+    return f"{type(model).__name__} ({millions:.2f} M parameters)"
+
+
+def write_metrics(path, record):
+    """Append one JSON object per line: a file that survives a crash up to its last full line."""
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def log_epoch(record, epochs):
+    metrics = " ".join(f"val_{name} {record[f'val_{name}']:.4f}" for name in EVAL_METRICS)
+    log(f"epoch {record['epoch']}/{epochs} train_loss {record['train_loss']:.4f} {metrics} "
+        f"({record['val_samples']} samples) | {record['samples_per_sec']:.0f} samples/s")
+
+
+# --- device -------------------------------------------------------------------------------------
+
+def get_device():
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def configure_cuda(args):
+    """Speed settings of CUDA's libraries; on CPU they change nothing."""
+    # TF32 multiplies float32 on tensor cores with a 10-bit mantissa (sums stay float32): several
+    # times faster on Ampere and later GPUs, at about fp16's precision per product.
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
+    torch.backends.cudnn.allow_tf32 = args.tf32
+    # cuDNN times its algorithms for each new input shape and keeps the fastest; its choice can
+    # differ between runs, so GPU runs are not bitwise repeatable with it.
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
+
+
+# --- data loading -------------------------------------------------------------------------------
+
+def build_loaders(args, train_set, val_set, device):
+    # A shuffle generator reseeded every epoch makes each epoch's order a pure function of
+    # (seed, epoch): any run with the same seed sees the same samples in the same order.
+    train_sampler = RandomSampler(train_set, generator=torch.Generator())
+    # Tensors already in memory need no worker processes, which would only copy them.
+    in_memory = isinstance(train_set, TensorDataset)
+    workers = args.workers if args.workers is not None else 0 if in_memory else 2
+    loader_args = dict(
+        batch_size=args.batch_size,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        # Page-locked host memory lets the copy to the GPU run asynchronously (non_blocking=True).
+        pin_memory=device.type == "cuda",
+        # The loader's own generator seeds its workers, leaving the global RNG to the model.
+        generator=torch.Generator().manual_seed(args.seed),
+    )
+    # DataParallel splits every batch across the GPUs: a short last batch can leave one GPU a
+    # single sample, on which BatchNorm fails. Dropping it skips fewer than --batch-size samples an
+    # epoch, others every epoch, since the order is reshuffled.
+    train_loader = DataLoader(train_set, sampler=train_sampler, drop_last=True, **loader_args)
+    val_loader = DataLoader(val_set, shuffle=False, **loader_args)
+    return train_loader, val_loader
+
+
+def to_device(batch, device, channels_last):
+    """The batch (a tensor, or tuples, lists and dicts of them) on the device, 4-D tensors in the
+    model's memory order. non_blocking: a copy from pinned memory overlaps the GPU's work."""
+    if isinstance(batch, torch.Tensor):
+        fmt = torch.channels_last if channels_last and batch.dim() == 4 else torch.preserve_format
+        return batch.to(device, non_blocking=True, memory_format=fmt)
+    if isinstance(batch, dict):
+        return {key: to_device(value, device, channels_last) for key, value in batch.items()}
+    return type(batch)(to_device(value, device, channels_last) for value in batch)
+
+
+# --- model --------------------------------------------------------------------------------------
+
+def check_model_fits(args, num_outputs, dataset):
+    """One sample through the model on the meta device (shapes only: no memory, no arithmetic).
+    A model that cannot take the data (a ViT built for 224-pixel images, fed 32) is a ConfigError
+    here, in one line, rather than a traceback in the first step."""
+    with torch.device("meta"):
+        model = build_model(args, num_outputs).eval()
+    try:
+        evaluate_batch(model, to_device(default_collate([dataset[0]]), "meta", False))
+    except NotImplementedError:
+        return  # an operation with no meta implementation: no verdict, the first step will tell
+    except (RuntimeError, ValueError, AssertionError, TypeError, IndexError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"the model does not fit the data: {reason}") from None
+
+
+# --- train/eval ---------------------------------------------------------------------------------
 
 def train_one_epoch(args, model, loader, optimizer, device, epoch):
-    """Train for one epoch; return [sum of losses, number of samples] over the epoch."""
+    """Train for one epoch; return [loss sum, samples] over the epoch."""
     model.train()
     totals = torch.zeros(2, dtype=torch.float64, device=device)
     num_steps = len(loader)
     start = time.perf_counter()
-    for batch_index, (images, labels) in enumerate(loader):
-        images = images.to(device, non_blocking=True)
-        labels = labels.to(device, non_blocking=True)
-        logits = model(images)
-        loss = F.cross_entropy(logits, labels)
+    for batch_index, batch in enumerate(loader):
+        batch = to_device(batch, device, args.channels_last)
+        loss, count = batch_loss(model, batch)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         # A sum weighted by batch size, so a short last batch counts for what it holds.
-        totals[0] += loss.detach().double() * labels.numel()
-        totals[1] += labels.numel()
+        totals[0] += loss.detach().double() * count
+        totals[1] += count
         step = batch_index + 1
         if step % args.log_interval == 0 or step == num_steps:
             elapsed = time.perf_counter() - start
@@ -261,27 +380,36 @@ def train_one_epoch(args, model, loader, optimizer, device, epoch):
 
 @torch.no_grad()
 def evaluate(args, model, loader, device):
-    """Return [sum of losses, number correct, number of samples] over the loader.
+    """Return the sums of EVAL_METRICS and the number of samples over the loader.
 
     Sums, not means: a mean over batches of different sizes is not the mean over samples.
     """
     model.eval()
-    totals = torch.zeros(3, dtype=torch.float64, device=device)
-    for images, labels in loader:
-        images = images.to(device, non_blocking=True)
-        labels = labels.to(device, non_blocking=True)
-        logits = model(images)
-        totals[0] += F.cross_entropy(logits.float(), labels, reduction="sum").double()
-        totals[1] += (logits.argmax(dim=1) == labels).sum()
-        totals[2] += labels.numel()
+    totals = torch.zeros(len(EVAL_METRICS) + 1, dtype=torch.float64, device=device)
+    for batch in loader:
+        batch = to_device(batch, device, args.channels_last)
+        sums, count = evaluate_batch(model, batch)
+        totals[:-1] += sums
+        totals[-1] += count
     model.train()
     return totals
 
 
-# --- checkpointing -----------------------------------------------------------------------------
+def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds):
+    """One line of metrics.jsonl: means over all samples, the samples counted, and timings."""
+    record = {"epoch": epoch + 1, "train_loss": train_totals[0].item() / train_totals[1].item()}
+    count = val_totals[-1].item()
+    for i, name in enumerate(EVAL_METRICS):
+        record[f"val_{name}"] = val_totals[i].item() / count
+    record.update(val_samples=int(count), samples_per_sec=train_totals[1].item() / train_seconds,
+                  train_seconds=train_seconds, val_seconds=val_seconds)
+    return record
+
+
+# --- checkpointing ------------------------------------------------------------------------------
 
 def prepare_out_dir(args):
-    """Create --out-dir and make sure a file can be written there, before any time goes into training."""
+    """Create --out-dir and make sure a file can be written there, before any training."""
     try:
         Path(args.out_dir).mkdir(parents=True, exist_ok=True)
         # Writing a file is the one sure test: permissions, read-only mounts and a file standing
@@ -293,7 +421,7 @@ def prepare_out_dir(args):
 
 
 def atomic_save(obj, path):
-    """Write to a temporary file, then rename: a reader sees the old file or the new one, never half."""
+    """Write to a temporary file, then rename: a reader sees the old file or the new, never half."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
@@ -307,16 +435,21 @@ def atomic_save(obj, path):
             tmp.unlink()
 
 
-# --- main --------------------------------------------------------------------------------------
+# --- main ---------------------------------------------------------------------------------------
 
 def train(args):
     device = get_device()
+    configure_cuda(args)
     # If the results cannot be written, stop now, not after training.
     prepare_out_dir(args)
-    set_seed(args.seed)
-    train_set, val_set, num_classes = build_datasets(args)
+    train_set, val_set, num_outputs = build_datasets(args)
+    check_model_fits(args, num_outputs, val_set)
     train_loader, val_loader = build_loaders(args, train_set, val_set, device)
-    model = build_model(args, num_classes).to(device)
+    set_seed(args.seed)
+    layout = torch.channels_last if args.channels_last else torch.preserve_format
+    model = build_model(args, num_outputs).to(device, memory_format=layout)
+    log(f"device {device} x {max(torch.cuda.device_count(), 1)} | {describe(model)} | "
+        f"{len(train_set)} train / {len(val_set)} val")
     # Each forward splits the batch across all visible GPUs and gathers the outputs on the first;
     # with no GPU, DataParallel calls the model as it is.
     model = nn.DataParallel(model)
@@ -326,30 +459,20 @@ def train(args):
     out_dir = Path(args.out_dir)
     metrics_path = out_dir / "metrics.jsonl"
     metrics_path.write_text("")
-    log(f"device {device} x {max(torch.cuda.device_count(), 1)} | model {args.model} | "
-        f"{len(train_set)} train / {len(val_set)} val samples")
     log(f"global batch {args.batch_size}")
 
     for epoch in range(args.epochs):
         train_loader.sampler.generator.manual_seed(args.seed + epoch)
         epoch_start = time.perf_counter()
         train_totals = train_one_epoch(args, model, train_loader, optimizer, device, epoch)
-        train_seconds = time.perf_counter() - epoch_start
+        val_start = time.perf_counter()
         val_totals = evaluate(args, model, val_loader, device)
-        record = {
-            "epoch": epoch + 1,
-            "train_loss": train_totals[0].item() / train_totals[1].item(),
-            "val_loss": val_totals[0].item() / val_totals[2].item(),
-            "val_acc": val_totals[1].item() / val_totals[2].item(),
-            "val_samples": int(val_totals[2].item()),
-            "samples_per_sec": train_totals[1].item() / train_seconds,
-        }
+        record = epoch_record(epoch, train_totals, val_totals, val_start - epoch_start,
+                              time.perf_counter() - val_start)
         write_metrics(metrics_path, record)
-        log(f"epoch {record['epoch']}/{args.epochs} train_loss {record['train_loss']:.4f} "
-            f"val_loss {record['val_loss']:.4f} val_acc {record['val_acc']:.2%} "
-            f"({record['val_samples']} samples) | {record['samples_per_sec']:.0f} samples/s")
+        log_epoch(record, args.epochs)
 
-    # Save the wrapped model's .module: its keys have no "module." prefix and load into the bare model.
+    # Save the wrapped model's .module: keys without a "module." prefix load into the bare model.
     atomic_save(model.module.state_dict(), out_dir / "model.pt")
     log(f"saved {out_dir / 'model.pt'}")
 

@@ -3,7 +3,10 @@
     torchrun --standalone --nproc_per_node=4 ddp_full.py
     python ddp_full.py                                          # a world of one process
     python -m torch.distributed.launch --nproc_per_node=4 ddp_full.py   # the legacy launcher
-    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc_per_node=4 --max-restarts=3 ddp_full.py
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc_per_node=4 \
+        --max-restarts=3 ddp_full.py                            # restarts resume by themselves
+
+To train something else, edit the section "your data and model" and nothing else.
 
 Each process holds a full copy of the model, reads its own shard of every epoch
 (DistributedSampler), and DDP averages the gradients across processes during backward, so every
@@ -12,15 +15,16 @@ copy takes the same optimizer step. Only rank 0 prints and writes files.
 --amp runs the forward in bf16 or fp16 (fp16 with a GradScaler); --accum-steps K sums the
 gradients of K micro-batches before each optimizer step and all-reduces them once, not K times.
 
-Every process evaluates its own shard of the validation set and one all-reduce of sums gives the
-exact metrics of the whole set. Rank 0 writes checkpoints atomically to <out-dir>/checkpoints/;
-a restart (--resume auto, the default) continues from the newest readable one and ends bitwise
-identical to a run that was never stopped. SIGTERM (preemption) finishes the optimizer step,
-writes a checkpoint and exits with status 75 (EX_TEMPFAIL): "requeue me". --bucket-cap-mb and
---gradient-as-bucket-view tune how DDP carries gradients (bench/ measures when they pay).
+Every process scores a shard of the validation set with rank 0's model, and one all-reduce of
+sums gives the whole set's exact metrics. Rank 0 writes checkpoints atomically; the same command
+resumes from the newest readable one (--resume auto), on every process alike, and ends bitwise
+identical to a run never stopped. SIGTERM (preemption) stops every process at the same batch, in
+training or validation, writes a checkpoint and exits with status 75 (EX_TEMPFAIL): requeue me.
 """
 import argparse
 import contextlib
+import dataclasses
+import datetime
 import gc
 import itertools
 import json
@@ -40,245 +44,58 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler, Sampler, Subset, TensorDataset
+from torch.utils.data import (DataLoader, DistributedSampler, Sampler, Subset, TensorDataset,
+                              default_collate)
 
 # torchvision is imported inside the functions that need it: it takes seconds to import, and the
 # default run (synthetic data, small CNN) does not use it.
 
-SYNTHETIC_DEFAULTS = {"train": 4096, "val": 1000}
-NUM_SYNTHETIC_CLASSES = 10
 MOMENTUM = 0.9
 AMP_DTYPES = {"none": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-# A resumed run must continue the same run: these settings have to match the checkpoint's.
-RESUME_MUST_MATCH = ("model", "data", "seed", "batch_size", "accum_steps", "train_samples", "lr",
-                     "weight_decay", "amp", "clip_grad_norm", "image_size")
+# A resumed run continues the same training: every setting must match the checkpoint's but these,
+# which change how the run goes on, not what it computes (speed settings change rounding at most).
+RESUME_MAY_CHANGE = ("epochs", "workers", "out_dir", "log_interval", "resume", "ckpt_steps",
+                     "ckpt_epochs", "keep_last", "max_steps", "backend", "local_rank",
+                     "timeout_min", "bucket_cap_mb", "gradient_as_bucket_view", "channels_last",
+                     "tf32", "cudnn_benchmark")
 CHECKPOINT_NAME = re.compile(r"^step_(\d+)\.pt$")
 # sysexits.h EX_TEMPFAIL: "try again later". A preempted run exits with it after its checkpoint.
 EXIT_REQUEUE = 75
 
 
-# --- config ------------------------------------------------------------------------------------
+# --- your data and model ------------------------------------------------------------------------
+# The one section to edit to train something else: the task's flags, its data sets, its model,
+# and what a batch costs (the loss) and scores (the metrics). Nothing outside this section knows
+# about images, classes or these flags (tests/test_seam.py swaps in another task to prove it).
 
-class ConfigError(Exception):
-    """Bad input from the user: reported as one line and a non-zero exit, never as a traceback."""
+SYNTHETIC_DEFAULTS = {"train": 4096, "val": 1000}
+NUM_SYNTHETIC_CLASSES = 10
+# Validation reports the mean over all samples of each of these (evaluate_batch returns sums).
+EVAL_METRICS = ("loss", "acc")
+# Settings that say where the data is, not what it is: a resumed run may change them.
+RESUME_MAY_CHANGE_TASK = ("data_dir", "download")
 
 
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--epochs", type=int, default=5, help="passes over the training set (default: 5)")
-    parser.add_argument("--batch-size", type=int, default=64,
-                        help="samples per process per optimizer step; the global batch is batch size x "
-                             "world size x accumulation steps (default: 64)")
-    parser.add_argument("--lr", type=float, default=0.05,
-                        help="learning rate for the global batch, used as given (default: 0.05)")
-    parser.add_argument("--weight-decay", type=float, default=5e-4, help="SGD weight decay (default: 5e-4)")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="seed for the model, the synthetic data and the shuffle (default: 0)")
-    parser.add_argument("--data", choices=["synthetic", "cifar10", "imagefolder"], default="synthetic",
-                        help="data set (default: synthetic)")
+def add_task_arguments(parser):
+    parser.add_argument("--data", choices=["synthetic", "cifar10", "imagefolder"],
+                        default="synthetic", help="data set")
     parser.add_argument("--data-dir", default="data",
-                        help="root of cifar10, or of an image tree with train/<class>/* and val/<class>/* "
-                             "(default: data)")
-    parser.add_argument("--download", action="store_true", help="download cifar10 into --data-dir if missing")
+                        help="root of cifar10, or of an image tree train/<class>/*, val/<class>/*")
+    parser.add_argument("--download", action="store_true", help="download cifar10 into --data-dir")
     parser.add_argument("--train-samples", type=int, default=None,
                         help="size of the synthetic training set, a cap on a real one "
                              f"(default: {SYNTHETIC_DEFAULTS['train']} synthetic, all real)")
     parser.add_argument("--val-samples", type=int, default=None,
-                        help="size of the synthetic validation set, a cap on a real one "
+                        help="likewise for validation "
                              f"(default: {SYNTHETIC_DEFAULTS['val']} synthetic, all real)")
     parser.add_argument("--image-size", type=int, default=32,
-                        help="side of the square images fed to the model, imagefolder only (default: 32)")
-    parser.add_argument("--model", choices=["cnn", "resnet18"], default="cnn",
-                        help="cnn: small and fast, no batch statistics; resnet18: torchvision's (default: cnn)")
-    parser.add_argument("--workers", type=int, default=None,
-                        help="data loader processes (default: 0 for synthetic data, already in memory, "
-                             "where workers only add copies; 2 for image files)")
-    parser.add_argument("--out-dir", default=None,
-                        help="where model.pt and metrics.jsonl go (default: runs/<script name>)")
-    parser.add_argument("--log-interval", type=int, default=20,
-                        help="optimizer steps between progress lines (default: 20)")
-    parser.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none",
-                        help="autocast the forward to this precision; fp16 adds a GradScaler (default: none)")
-    parser.add_argument("--accum-steps", type=int, default=1,
-                        help="micro-batches whose gradients are summed before each optimizer step (default: 1)")
-    parser.add_argument("--clip-grad-norm", type=float, default=0.0,
-                        help="clip the global gradient norm to this value; 0 turns clipping off (default: 0)")
-    parser.add_argument("--resume", default="auto",
-                        help="auto: continue from the newest readable checkpoint in <out-dir>/checkpoints "
-                             "if there is one; none: start afresh; or the path of a checkpoint (default: auto)")
-    parser.add_argument("--ckpt-steps", type=int, default=0,
-                        help="also write a checkpoint every this many optimizer steps; 0: only at the ends "
-                             "of epochs (default: 0)")
-    parser.add_argument("--ckpt-epochs", type=int, default=1,
-                        help="write a checkpoint every this many epochs and after the last; 0: only after "
-                             "the last (default: 1)")
-    parser.add_argument("--keep-last", type=int, default=3,
-                        help="checkpoints kept in <out-dir>/checkpoints; older ones are deleted (default: 3)")
-    parser.add_argument("--max-steps", type=int, default=0,
-                        help="stop after this many optimizer steps in all, with a checkpoint to resume from; "
-                             "0: no limit (default: 0)")
-    parser.add_argument("--bucket-cap-mb", type=float, default=25.0,
-                        help="DDP gradient bucket size in MB: larger buckets mean fewer, bigger all-reduces "
-                             "(default: 25, DDP's)")
-    parser.add_argument("--gradient-as-bucket-view", action="store_true",
-                        help="DDP keeps gradients as views into its all-reduce buckets, saving a copy and "
-                             "the memory of one set of gradients (default: off, DDP's)")
-    parser.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
-                        help="process group backend; auto is nccl with CUDA, gloo without (default: auto)")
-    # torch.distributed.launch passes --local-rank=N (--local_rank before torch 2.0); torchrun sets
-    # the LOCAL_RANK environment variable instead, which wins when both are present.
-    parser.add_argument("--local-rank", "--local_rank", type=int, default=None,
-                        help="set by the legacy launcher; torchrun sets LOCAL_RANK (default: from the environment)")
-    args = parser.parse_args(argv)
-    if args.workers is None:
-        args.workers = 0 if args.data == "synthetic" else 2
-    if args.out_dir is None:
-        args.out_dir = os.path.join("runs", Path(__file__).stem)
-    return args
+                        help="side of the images of --data imagefolder; random training crops "
+                             "keep 8-100%% of an image from 128 px up (ImageNet's recipe), "
+                             "35-100%% below")
+    parser.add_argument("--model", default="cnn",
+                        help="cnn (small, no batch statistics) or any torchvision classification "
+                             "model by name: resnet18, resnet50, convnext_tiny, vit_b_16, ...")
 
-
-def check_args(args):
-    """Reject settings that cannot work before any process does any work."""
-    for name in ("epochs", "batch_size", "log_interval", "accum_steps", "keep_last"):
-        if getattr(args, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    for name in ("train_samples", "val_samples"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    if args.workers < 0:
-        raise ConfigError(f"--workers must be 0 or more, got {args.workers}")
-    if args.lr <= 0:
-        raise ConfigError(f"--lr must be positive, got {args.lr}")
-    if args.clip_grad_norm < 0:
-        raise ConfigError(f"--clip-grad-norm must be 0 (off) or positive, got {args.clip_grad_norm}")
-    if args.bucket_cap_mb <= 0:
-        raise ConfigError(f"--bucket-cap-mb must be positive, got {args.bucket_cap_mb}")
-    for name in ("ckpt_steps", "ckpt_epochs", "max_steps"):
-        if getattr(args, name) < 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be 0 (off) or more, got {getattr(args, name)}")
-    if args.resume not in ("auto", "none") and not os.path.isfile(args.resume):
-        raise ConfigError(f"--resume {args.resume!r}: no such checkpoint file")
-
-
-def set_seed(seed):
-    """Seed every generator the training code draws from (Python's and torch's, CPU and CUDA)."""
-    random.seed(seed)
-    torch.manual_seed(seed)
-
-
-# --- logging -----------------------------------------------------------------------------------
-
-def log(message):
-    """Print on rank 0 only: every process runs this code, and one copy of each line is enough."""
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        print(message, flush=True)
-
-
-def format_seconds(seconds):
-    seconds = int(max(seconds, 0))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-
-
-def write_metrics(path, record):
-    """Append one JSON object per line: a file that survives a crash up to its last complete line."""
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
-
-
-# --- distributed -------------------------------------------------------------------------------
-
-def setup_distributed(args):
-    """Join the process group; return (rank, local_rank, world_size, device).
-
-    torchrun sets RANK (this process among all), LOCAL_RANK (among those on this machine) and
-    WORLD_SIZE. Without them, as under plain `python`, this process is a world of one.
-    """
-    backend = args.backend
-    if backend == "auto":
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl" and not torch.cuda.is_available():
-        raise ConfigError("--backend nccl needs CUDA GPUs and none is available; use --backend gloo on CPU")
-    launched = "RANK" in os.environ
-    rank = int(os.environ.get("RANK", 0))
-    world_size = int(os.environ.get("WORLD_SIZE", 1))
-    local_rank = int(os.environ.get("LOCAL_RANK", args.local_rank or 0))
-    if torch.cuda.is_available():
-        if local_rank >= torch.cuda.device_count():
-            raise ConfigError(f"local rank {local_rank} but only {torch.cuda.device_count()} GPUs are visible: "
-                              f"start at most one process per GPU")
-        # One GPU per process: set_device makes "cuda" mean this process's GPU, for nccl too.
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    if launched:
-        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
-    else:
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    return rank, local_rank, world_size, device
-
-
-def rank0_only(rank, function, *args):
-    """Call function on rank 0 alone; a ConfigError it raises stops every process with the same line.
-
-    The others wait for rank 0's verdict in a collective rather than a barrier: a ConfigError on
-    rank 0 then stops every process with the same error, and none is left waiting on a peer that
-    has exited.
-    """
-    result, verdict = None, [None]
-    if rank == 0:
-        try:
-            result = function(*args)
-        except ConfigError as err:
-            verdict = [str(err)]
-    dist.broadcast_object_list(verdict, src=0)
-    if verdict[0] is not None:
-        raise ConfigError(verdict[0])
-    return result
-
-
-def rank0_first(rank, function, *args):
-    """Call function on rank 0 first (a download, say), then on the others, so no two write the same files."""
-    result = rank0_only(rank, function, *args)
-    return result if rank == 0 else function(*args)
-
-
-def cleanup_distributed():
-    """Leave the process group after the DDP model is gone.
-
-    gloo can abort a worker at exit ("terminate called without an active exception") while a DDP
-    model is still alive at destroy_process_group(): the caller's model and optimizer are out of
-    scope by now, and collecting garbage releases them before the group goes.
-    """
-    gc.collect()
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
-class Preemption:
-    """Turns SIGTERM into a request to stop at the next optimizer step that all processes agree on.
-
-    Schedulers (SLURM, Kubernetes) send SIGTERM some time before SIGKILL, and torchrun forwards it
-    to every worker. Processes can see it at different steps, so each step they all-reduce the flag
-    on a CPU (gloo) group, which costs no GPU synchronisation; then all stop at the same step and
-    no collective is left half-entered.
-    """
-
-    def __init__(self):
-        self.requested = False
-        self.group = dist.new_group(backend="gloo")
-        signal.signal(signal.SIGTERM, self.request)
-
-    def request(self, signum, frame):
-        self.requested = True
-
-    def agreed(self):
-        flag = torch.tensor([float(self.requested)])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
-        return flag.item() > 0
-
-
-# --- data --------------------------------------------------------------------------------------
 
 def make_synthetic(num_samples, seed, split):
     """Images of 3x32x32 in 10 classes, a pure function of (num_samples, seed, split).
@@ -287,7 +104,8 @@ def make_synthetic(num_samples, seed, split):
     strong noise, so a model has to learn (accuracy starts at chance) but can (it rises well above).
     The generators are private: building data never moves the global RNG that seeds the model.
     """
-    patterns = torch.randn(NUM_SYNTHETIC_CLASSES, 3, 4, 4, generator=torch.Generator().manual_seed(seed))
+    patterns = torch.randn(NUM_SYNTHETIC_CLASSES, 3, 4, 4,
+                           generator=torch.Generator().manual_seed(seed))
     patterns = F.interpolate(patterns, size=(32, 32), mode="bilinear", align_corners=False)
     generator = torch.Generator().manual_seed(seed * 2 + {"train": 1, "val": 2}[split])
     labels = torch.randint(NUM_SYNTHETIC_CLASSES, (num_samples,), generator=generator)
@@ -297,9 +115,13 @@ def make_synthetic(num_samples, seed, split):
 
 
 def build_datasets(args):
-    """Return (train_set, val_set, num_classes); a missing or empty data directory is a ConfigError."""
+    """Return (train_set, val_set, num_outputs); bad data settings are a ConfigError."""
+    for name in ("train_samples", "val_samples"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
     if args.data == "synthetic":
-        train_set = make_synthetic(args.train_samples or SYNTHETIC_DEFAULTS["train"], args.seed, "train")
+        train_set = make_synthetic(args.train_samples or SYNTHETIC_DEFAULTS["train"], args.seed,
+                                   "train")
         val_set = make_synthetic(args.val_samples or SYNTHETIC_DEFAULTS["val"], args.seed, "val")
         return train_set, val_set, NUM_SYNTHETIC_CLASSES
     import torchvision.datasets as datasets
@@ -307,18 +129,25 @@ def build_datasets(args):
 
     if args.data == "cifar10":
         normalize = T.Normalize((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
-        train_tf = T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(), normalize])
+        train_tf = T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(),
+                              normalize])
         val_tf = T.Compose([T.ToTensor(), normalize])
         try:
-            train_set = datasets.CIFAR10(args.data_dir, train=True, transform=train_tf, download=args.download)
-            val_set = datasets.CIFAR10(args.data_dir, train=False, transform=val_tf, download=args.download)
+            train_set = datasets.CIFAR10(args.data_dir, train=True, transform=train_tf,
+                                         download=args.download)
+            val_set = datasets.CIFAR10(args.data_dir, train=False, transform=val_tf,
+                                       download=args.download)
         except RuntimeError as err:  # torchvision's "Dataset not found or corrupted"
-            raise ConfigError(f"cifar10 not found in {args.data_dir!r} ({err}); add --download") from None
+            raise ConfigError(f"cifar10 not found in {args.data_dir!r} ({err}); add --download") \
+                from None
         num_classes = 10
     else:
         normalize = T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
-        train_tf = T.Compose([T.RandomResizedCrop(args.image_size), T.RandomHorizontalFlip(), T.ToTensor(),
-                              normalize])
+        # ImageNet's crops keep as little as 8% of a 224-pixel photo; 8% of a small image is a few
+        # pixels of its object, so small images keep at least 35%.
+        scale = (0.08, 1.0) if args.image_size >= 128 else (0.35, 1.0)
+        train_tf = T.Compose([T.RandomResizedCrop(args.image_size, scale=scale),
+                              T.RandomHorizontalFlip(), T.ToTensor(), normalize])
         val_tf = T.Compose([T.Resize(round(args.image_size * 8 / 7)), T.CenterCrop(args.image_size),
                             T.ToTensor(), normalize])
         splits = []
@@ -342,8 +171,309 @@ def build_datasets(args):
     return train_set, val_set, num_classes
 
 
+class SmallCNN(nn.Module):
+    """A fast CNN without batch statistics, so its output depends on each sample alone."""
+
+    def __init__(self, num_classes):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2),
+            nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(1),
+        )
+        self.classifier = nn.Linear(64, num_classes)
+
+    def forward(self, x):
+        return self.classifier(torch.flatten(self.features(x), 1))
+
+
+def build_model(args, num_outputs):
+    if args.model == "cnn":
+        return SmallCNN(num_outputs)
+    import torchvision.models as models
+
+    # torchvision's registry holds every classification model by name; built untrained.
+    if args.model not in models.list_models(module=models):
+        raise ConfigError(f"unknown --model {args.model!r}: cnn or a torchvision classification "
+                          "model; list them with: python -c \"import torchvision.models as m; "
+                          "print(m.list_models(module=m))\"")
+    return models.get_model(args.model, num_classes=num_outputs)
+
+
+def batch_loss(model, batch):
+    """The loss to train on (a mean over the batch), and how many samples the batch holds."""
+    images, labels = batch
+    return F.cross_entropy(model(images), labels), labels.numel()
+
+
+def evaluate_batch(model, batch):
+    """The sums over the batch of each of EVAL_METRICS, and how many samples the batch holds."""
+    images, labels = batch
+    logits = model(images).float()
+    loss = F.cross_entropy(logits, labels, reduction="sum")
+    correct = (logits.argmax(dim=1) == labels).sum()
+    return torch.stack([loss.double(), correct.double()]), labels.numel()
+
+
+# --- config -------------------------------------------------------------------------------------
+
+class ConfigError(Exception):
+    """Bad input from the user: reported as one line and a non-zero exit, never as a traceback."""
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help states each default; a flag without a fixed one (None) states it in its own help."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=HelpFormatter)
+    parser.add_argument("--epochs", type=int, default=5, help="passes over the training set")
+    parser.add_argument("--batch-size", type=int, default=64,
+                        help="samples per process per micro-batch; the global batch is batch size "
+                             "x world size x accumulation steps")
+    parser.add_argument("--lr", type=float, default=0.03,
+                        help="SGD learning rate for the global batch, used as given")
+    parser.add_argument("--weight-decay", type=float, default=5e-4, help="SGD weight decay")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the model, data and shuffle")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="data loader processes per process (default: 0 for data already in "
+                             "memory as tensors, where workers only add copies; 2 otherwise)")
+    parser.add_argument("--out-dir", default=None, help="output folder (default: runs/<script>)")
+    parser.add_argument("--log-interval", type=int, default=20,
+                        help="optimizer steps between progress lines")
+    parser.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=True,
+                        help="4-D inputs and weights in channels-last memory order: faster "
+                             "convolutions on GPUs with --amp and, measured, on CPU")
+    parser.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=True,
+                        help="CUDA: float32 matmuls and convolutions on tensor cores (TF32)")
+    parser.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction, default=True,
+                        help="CUDA: cuDNN times its algorithms per input shape, keeps the fastest")
+    add_task_arguments(parser)
+    parser.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none",
+                        help="autocast the forward to this precision; fp16 adds a GradScaler")
+    parser.add_argument("--accum-steps", type=int, default=1,
+                        help="micro-batches whose gradients are summed before each optimizer step")
+    parser.add_argument("--clip-grad-norm", type=float, default=0.0,
+                        help="clip the global gradient norm to this value; 0 turns clipping off")
+    parser.add_argument("--resume", default="auto",
+                        help="auto: the newest readable checkpoint in <out-dir>/checkpoints, if "
+                             "any; none: start afresh; or the path of a checkpoint")
+    parser.add_argument("--ckpt-steps", type=int, default=0,
+                        help="also checkpoint every this many optimizer steps; 0: off")
+    parser.add_argument("--ckpt-epochs", type=int, default=1,
+                        help="checkpoint every this many epochs and after the last; 0: the last")
+    parser.add_argument("--keep-last", type=int, default=3, help="checkpoints kept; older go")
+    parser.add_argument("--max-steps", type=int, default=0,
+                        help="stop after this many optimizer steps, with a checkpoint; 0: no limit")
+    parser.add_argument("--sync-bn", action="store_true",
+                        help="BatchNorm statistics of the global batch (SyncBatchNorm; CUDA)")
+    parser.add_argument("--bucket-cap-mb", type=float, default=25.0,
+                        help="DDP's gradient bucket size (its default): bigger, fewer all-reduces")
+    parser.add_argument("--gradient-as-bucket-view", action="store_true",
+                        help="gradients live in DDP's all-reduce buckets: one copy and one "
+                             "gradient-sized buffer less (default: off, as in DDP)")
+    parser.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
+                        help="process group backend; auto is nccl with CUDA, gloo without")
+    parser.add_argument("--timeout-min", type=float, default=30.0,
+                        help="minutes a process waits for the others in a collective before the "
+                             "job fails (nccl's own default is 10)")
+    # torch.distributed.launch passes --local-rank=N (--local_rank before torch 2.0); torchrun sets
+    # the LOCAL_RANK environment variable instead, which wins when both are present.
+    parser.add_argument("--local-rank", "--local_rank", type=int, default=None,
+                        help="set by the legacy launcher; torchrun sets LOCAL_RANK instead")
+    args = parser.parse_args(argv)
+    if args.out_dir is None:
+        args.out_dir = os.path.join("runs", Path(__file__).stem)
+    return args
+
+
+def check_args(args):
+    """Reject settings that cannot work before any process does any work."""
+    for name in ("epochs", "batch_size", "log_interval", "accum_steps", "keep_last"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, "
+                              f"got {getattr(args, name)}")
+    for name in ("ckpt_steps", "ckpt_epochs", "max_steps"):
+        if getattr(args, name) < 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be 0 (off) or more, "
+                              f"got {getattr(args, name)}")
+    if args.workers is not None and args.workers < 0:
+        raise ConfigError(f"--workers must be 0 or more, got {args.workers}")
+    if args.lr <= 0:
+        raise ConfigError(f"--lr must be positive, got {args.lr}")
+    if args.timeout_min <= 0:
+        raise ConfigError(f"--timeout-min must be positive, got {args.timeout_min}")
+    if args.clip_grad_norm < 0:
+        raise ConfigError(f"--clip-grad-norm must be 0 or positive, got {args.clip_grad_norm}")
+    if args.bucket_cap_mb <= 0:
+        raise ConfigError(f"--bucket-cap-mb must be positive, got {args.bucket_cap_mb}")
+    if args.resume not in ("auto", "none") and not os.path.isfile(args.resume):
+        raise ConfigError(f"--resume {args.resume!r}: no such checkpoint file")
+
+
+def set_seed(seed):
+    """Seed every generator the training code draws from (Python's and torch's, CPU and CUDA)."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# --- logging ------------------------------------------------------------------------------------
+
+def log(message):
+    """Print on rank 0 only: every process runs this code, and one copy of each line is enough."""
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(message, flush=True)
+
+
+def format_seconds(seconds):
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def describe(model):
+    millions = sum(p.numel() for p in model.parameters()) / 1e6
+    return f"{type(model).__name__} ({millions:.2f} M parameters)"
+
+
+def write_metrics(path, record):
+    """Append one JSON object per line: a file that survives a crash up to its last full line."""
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def log_epoch(record, epochs):
+    metrics = " ".join(f"val_{name} {record[f'val_{name}']:.4f}" for name in EVAL_METRICS)
+    log(f"epoch {record['epoch']}/{epochs} train_loss {record['train_loss']:.4f} {metrics} "
+        f"({record['val_samples']} samples) | {record['samples_per_sec']:.0f} samples/s")
+
+
+# --- distributed --------------------------------------------------------------------------------
+
+def setup_distributed(args):
+    """Join the process group; return (rank, local_rank, world_size, device).
+
+    torchrun sets RANK (this process among all), LOCAL_RANK (among those on this machine) and
+    WORLD_SIZE. Without them, as under plain `python`, this process is a world of one.
+    """
+    backend = args.backend
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise ConfigError("--backend nccl needs CUDA GPUs and none is available; "
+                          "use --backend gloo on CPU")
+    launched = "RANK" in os.environ
+    rank = int(os.environ.get("RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", args.local_rank or 0))
+    if torch.cuda.is_available():
+        if local_rank >= torch.cuda.device_count():
+            raise ConfigError(f"local rank {local_rank} but only {torch.cuda.device_count()} GPUs "
+                              f"are visible: start at most one process per GPU")
+        # One GPU per process: set_device makes "cuda" mean this process's GPU, for nccl too.
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    # A collective that waits longer than this ends the job (nccl's watchdog, gloo's error): the
+    # most that one process may work alone while the others wait for it.
+    timeout = datetime.timedelta(minutes=args.timeout_min)
+    if launched:
+        dist.init_process_group(backend, timeout=timeout,
+                                device_id=device if device.type == "cuda" else None)
+    else:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=timeout)
+    return rank, local_rank, world_size, device
+
+
+def rank0_only(rank, function, *args):
+    """Call function on rank 0 alone; a ConfigError it raises stops every process with its line.
+
+    The others wait for rank 0's verdict in a collective rather than a barrier: a ConfigError on
+    rank 0 then stops every process with the same error, and none is left waiting on a peer that
+    has exited.
+    """
+    result, verdict = None, [None]
+    if rank == 0:
+        try:
+            result = function(*args)
+        except ConfigError as err:
+            verdict = [str(err)]
+    dist.broadcast_object_list(verdict, src=0)
+    if verdict[0] is not None:
+        raise ConfigError(verdict[0])
+    return result
+
+
+def rank0_first(rank, function, *args):
+    """Call function on rank 0 first (a download, say), then on the others: no two write a file."""
+    result = rank0_only(rank, function, *args)
+    return result if rank == 0 else function(*args)
+
+
+def cleanup_distributed():
+    """Leave the process group after the DDP model is gone.
+
+    gloo can abort a worker at exit ("terminate called without an active exception") while a DDP
+    model is still alive at destroy_process_group(): the caller's model and optimizer are out of
+    scope by now, and collecting garbage releases them before the group goes.
+    """
+    gc.collect()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def configure_cuda(args):
+    """Speed settings of CUDA's libraries; on CPU they change nothing."""
+    # TF32 multiplies float32 on tensor cores with a 10-bit mantissa (sums stay float32): several
+    # times faster on Ampere and later GPUs, at about fp16's precision per product.
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
+    torch.backends.cudnn.allow_tf32 = args.tf32
+    # cuDNN times its algorithms for each new input shape and keeps the fastest; its choice can
+    # differ between runs, so GPU runs are not bitwise repeatable with it.
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
+
+
+class Stop(Exception):
+    """Every process agreed to stop before the end ("preempted", "max-steps"): train() writes a
+    checkpoint from the TrainState, which always describes the last optimizer step."""
+
+
+class Preemption:
+    """Turns SIGTERM into a Stop that every process raises after the same batch.
+
+    Schedulers (SLURM, Kubernetes) send SIGTERM some time before SIGKILL, and torchrun forwards
+    it to every worker, then waits its --shutdown-timeout (30 s by default) before SIGKILL.
+    Processes can see the signal at different batches, so after each batch, in training and in
+    validation, they all-reduce the flag on a CPU (gloo) group, which costs no GPU
+    synchronisation: all stop at the same batch and no collective is left half-entered.
+    """
+
+    def __init__(self):
+        self.requested = False
+        self.group = dist.new_group(backend="gloo")
+        signal.signal(signal.SIGTERM, self.request)
+
+    def request(self, signum, frame):
+        self.requested = True
+
+    def check(self):
+        flag = torch.tensor([float(self.requested)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        if flag.item() > 0:
+            raise Stop("preempted")
+
+
+# --- data loading -------------------------------------------------------------------------------
+
 class ResumableDistributedSampler(DistributedSampler):
-    """A DistributedSampler that can begin an epoch part-way through, for an exact mid-epoch resume."""
+    """A DistributedSampler that can begin an epoch part-way through: an exact mid-epoch resume."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -357,11 +487,11 @@ class ResumableDistributedSampler(DistributedSampler):
         return itertools.islice(super().__iter__(), self.start, None)
 
     def __len__(self):
-        return self.num_samples - self.start
+        return max(self.num_samples - self.start, 0)
 
 
 class ShardSampler(Sampler):
-    """Every world_size-th index from rank, in order and without padding: each sample once, on one process.
+    """Every world_size-th index from rank, in order, unpadded: each sample once, on one process.
 
     DistributedSampler pads the set with repeated samples until it divides evenly; counted in
     validation, those repeats skew the metrics. torch ships no sampler without padding.
@@ -381,12 +511,15 @@ def build_loaders(args, train_set, val_set, device, rank, world_size):
     # Every process draws the same permutation of (seed, epoch) and takes every world_size-th
     # sample of it from position rank: together they see what one process would see. It pads
     # with repeated samples until the set divides evenly, so every process runs as many steps.
-    train_sampler = ResumableDistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
-                                                seed=args.seed)
+    train_sampler = ResumableDistributedSampler(train_set, num_replicas=world_size, rank=rank,
+                                                shuffle=True, seed=args.seed)
+    # Tensors already in memory need no worker processes, which would only copy them.
+    in_memory = isinstance(train_set, TensorDataset)
+    workers = args.workers if args.workers is not None else 0 if in_memory else 2
     loader_args = dict(
         batch_size=args.batch_size,
-        num_workers=args.workers,
-        persistent_workers=args.workers > 0,
+        num_workers=workers,
+        persistent_workers=workers > 0,
         # Page-locked host memory lets the copy to the GPU run asynchronously (non_blocking=True).
         pin_memory=device.type == "cuda",
         # The loader's own generator seeds its workers, leaving the global RNG to the model.
@@ -397,48 +530,56 @@ def build_loaders(args, train_set, val_set, device, rank, world_size):
     return train_loader, val_loader
 
 
-# --- model -------------------------------------------------------------------------------------
-
-class SmallCNN(nn.Module):
-    """A fast CNN without batch statistics, so its output depends on each sample alone."""
-
-    def __init__(self, num_classes):
-        super().__init__()
-        self.features = nn.Sequential(
-            nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2),
-            nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(1),
-        )
-        self.classifier = nn.Linear(64, num_classes)
-
-    def forward(self, x):
-        return self.classifier(torch.flatten(self.features(x), 1))
+def to_device(batch, device, channels_last):
+    """The batch (a tensor, or tuples, lists and dicts of them) on the device, 4-D tensors in the
+    model's memory order. non_blocking: a copy from pinned memory overlaps the GPU's work."""
+    if isinstance(batch, torch.Tensor):
+        fmt = torch.channels_last if channels_last and batch.dim() == 4 else torch.preserve_format
+        return batch.to(device, non_blocking=True, memory_format=fmt)
+    if isinstance(batch, dict):
+        return {key: to_device(value, device, channels_last) for key, value in batch.items()}
+    return type(batch)(to_device(value, device, channels_last) for value in batch)
 
 
-def build_model(args, num_classes):
-    if args.model == "resnet18":
-        import torchvision.models as models
+# --- model --------------------------------------------------------------------------------------
 
-        return models.resnet18(num_classes=num_classes)
-    return SmallCNN(num_classes)
+def check_model_fits(args, num_outputs, dataset):
+    """One sample through the model on the meta device (shapes only: no memory, no arithmetic).
+    A model that cannot take the data (a ViT built for 224-pixel images, fed 32) is a ConfigError
+    here, in one line, rather than a traceback in the first step."""
+    with torch.device("meta"):
+        model = build_model(args, num_outputs).eval()
+    try:
+        evaluate_batch(model, to_device(default_collate([dataset[0]]), "meta", False))
+    except NotImplementedError:
+        return  # an operation with no meta implementation: no verdict, the first step will tell
+    except (RuntimeError, ValueError, AssertionError, TypeError, IndexError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"the model does not fit the data: {reason}") from None
 
 
-# --- train/eval --------------------------------------------------------------------------------
+# --- train/eval ---------------------------------------------------------------------------------
 
-def train_one_epoch(args, model, loader, optimizer, scaler, device, epoch, state, save, preemption):
-    """Train for the rest of one epoch; return [sum of losses, number of samples] over the epoch, all
-    processes, or None if the run stops before its end (a checkpoint is written first)."""
+def autocast(args, device):
+    """The forward in --amp's precision where autocast allows it (matmuls, convolutions)."""
+    return torch.autocast(device.type, dtype=AMP_DTYPES[args.amp], enabled=args.amp != "none")
+
+
+def train_one_epoch(args, model, loader, optimizer, scaler, device, state, preemption):
+    """Train for the rest of the epoch; return [loss sum, samples] over the epoch, all processes.
+
+    `state` follows every optimizer step, so that a Stop raised here checkpoints the last one.
+    """
     model.train()
-    # This process's sums so far in the epoch: zero at its start, restored from a mid-epoch checkpoint.
-    totals = state["train_totals"]
-    first_batch = state["step_in_epoch"] * args.accum_steps
-    num_batches = first_batch + len(loader)
+    # This process's sums so far in the epoch: zero at its start, or from a mid-epoch checkpoint.
+    totals = state.train_totals.clone()
+    num_batches = math.ceil(loader.sampler.num_samples / args.batch_size)
     num_steps = math.ceil(num_batches / args.accum_steps)
+    first_step, start_samples, start_seconds = state.step_in_epoch, totals[1].item(), \
+        state.train_seconds
     start = time.perf_counter()
-    start_samples = totals[1].item()
-    for batch_index, (images, labels) in enumerate(loader, start=first_batch):
-        images = images.to(device, non_blocking=True)
-        labels = labels.to(device, non_blocking=True)
+    for batch_index, batch in enumerate(loader, start=first_step * args.accum_steps):
+        batch = to_device(batch, device, args.channels_last)
         # Micro-batches form groups of accum_steps; the epoch's last group may be shorter.
         group_start = batch_index - batch_index % args.accum_steps
         group_size = min(args.accum_steps, num_batches - group_start)
@@ -447,86 +588,100 @@ def train_one_epoch(args, model, loader, optimizer, scaler, device, epoch, state
         # cover the forward and the backward of every micro-batch but the group's last.
         sync_context = contextlib.nullcontext() if last_in_group else model.no_sync()
         with sync_context:
-            with torch.autocast(device.type, dtype=AMP_DTYPES[args.amp], enabled=args.amp != "none"):
-                logits = model(images)
-                loss = F.cross_entropy(logits, labels)
+            with autocast(args, device):
+                loss, count = batch_loss(model, batch)
             # Dividing by the group's size makes the summed gradients the mean over the group.
             scaler.scale(loss / group_size).backward()
         # A sum weighted by batch size, so a short last batch counts for what it holds.
-        totals[0] += loss.detach().double() * labels.numel()
-        totals[1] += labels.numel()
-        if not last_in_group:
-            continue
-        if args.clip_grad_norm > 0:
-            # Clip the true gradients: unscale_ divides out fp16's loss scale first (once per step).
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
-        # With fp16, step() skips the update when a gradient overflowed and update() adapts the scale;
-        # without a scaler (none, bf16) they are a plain optimizer.step() and nothing.
-        scaler.step(optimizer)
-        scaler.update()
-        optimizer.zero_grad(set_to_none=True)
-        step = batch_index // args.accum_steps + 1
-        state["step_in_epoch"] = step
-        state["global_step"] += 1
-        if step % args.log_interval == 0 or step == num_steps:
+        totals[0] += loss.detach().double() * count
+        totals[1] += count
+        if last_in_group:
+            if args.clip_grad_norm > 0:
+                # Clip true gradients: unscale_ first divides out fp16's loss scale (once a step).
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
+            # With fp16, step() skips the update when a gradient overflowed and update() adapts the
+            # scale; without a scaler (none, bf16) they are a plain optimizer.step() and nothing.
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            step = batch_index // args.accum_steps + 1
             elapsed = time.perf_counter() - start
-            samples = totals[1].item()
-            # Rank 0's own loss, and its throughput times the number of processes.
-            log(f"epoch {epoch + 1}/{args.epochs} step {step}/{num_steps} "
-                f"loss {totals[0].item() / samples:.4f} | "
-                f"{(samples - start_samples) * dist.get_world_size() / elapsed:.0f} samples/s | "
-                f"eta {format_seconds(elapsed / (step - first_batch // args.accum_steps) * (num_steps - step))}")
-        if step == num_steps:
-            break  # the epoch's end: validation and its checkpoint follow
-        stop = should_stop(args, state, preemption)
-        if stop or (args.ckpt_steps and state["global_step"] % args.ckpt_steps == 0):
-            save()
-        if stop:
-            state["stop"] = stop
-            return None
+            state.step_in_epoch, state.global_step = step, state.global_step + 1
+            state.train_totals, state.rng = totals.clone(), rng_state()
+            state.train_seconds = start_seconds + elapsed
+            if step % args.log_interval == 0 or step == num_steps:
+                samples = totals[1].item()
+                # Rank 0's own loss, and its throughput times the number of processes.
+                log(f"epoch {state.epoch + 1}/{args.epochs} step {step}/{num_steps} "
+                    f"loss {totals[0].item() / samples:.4f} | "
+                    f"{(samples - start_samples) * dist.get_world_size() / elapsed:.0f} samples/s "
+                    f"| eta {format_seconds(elapsed / (step - first_step) * (num_steps - step))}")
+            # At the epoch's end validation and the epoch's checkpoint come first.
+            if step < num_steps:
+                check_max_steps(args, state)
+                if args.ckpt_steps and state.global_step % args.ckpt_steps == 0:
+                    save_checkpoint(args, model, optimizer, scaler, state)
+        # Mid-group, a stop goes back to the group's start, which `state` still describes.
+        preemption.check()
     # One all-reduce after the loop turns per-process sums into global ones.
     epoch_totals = totals.clone()
     dist.all_reduce(epoch_totals)
     return epoch_totals
 
 
-def should_stop(args, state, preemption):
-    """Why to stop now, the same on every process: "preempted" (SIGTERM seen by any process),
-    "max-steps" (--max-steps reached), or None to go on."""
-    if preemption.agreed():
-        return "preempted"
-    if args.max_steps > 0 and state["global_step"] >= args.max_steps:
-        return "max-steps"
-    return None
+def check_max_steps(args, state):
+    if args.max_steps > 0 and state.global_step >= args.max_steps:
+        raise Stop("max-steps")
 
 
 @torch.no_grad()
-def evaluate(args, model, loader, device):
-    """Return [sum of losses, number correct, number of samples] over the loader.
+def evaluate(args, model, loader, device, preemption):
+    """Return the sums of EVAL_METRICS and the number of samples over the whole set.
 
     Sums, not means: a mean over batches of different sizes is not the mean over samples.
     This process evaluates its shard; one all-reduce of the sums gives the whole set's.
     """
+    # Every process scores its shard with rank 0's buffers (BatchNorm's running statistics): each
+    # updated its own from its own batches since DDP last broadcast them, and rank 0's model is
+    # the one saved. Without this, the shards are scored by different models.
+    for buffer in model.buffers():
+        dist.broadcast(buffer, src=0)
     model.eval()
-    totals = torch.zeros(3, dtype=torch.float64, device=device)
-    for images, labels in loader:
-        images = images.to(device, non_blocking=True)
-        labels = labels.to(device, non_blocking=True)
-        with torch.autocast(device.type, dtype=AMP_DTYPES[args.amp], enabled=args.amp != "none"):
-            logits = model(images)
-        totals[0] += F.cross_entropy(logits.float(), labels, reduction="sum").double()
-        totals[1] += (logits.argmax(dim=1) == labels).sum()
-        totals[2] += labels.numel()
+    totals = torch.zeros(len(EVAL_METRICS) + 1, dtype=torch.float64, device=device)
+    batches = iter(loader)
+    # Shards differ by one sample at most, so a shorter one runs out one batch early: every process
+    # goes round as often as the longest shard has batches, so that all can agree on a stop.
+    longest = math.ceil(len(loader.dataset) / dist.get_world_size())
+    for _ in range(math.ceil(longest / args.batch_size)):
+        batch = next(batches, None)
+        if batch is not None:
+            batch = to_device(batch, device, args.channels_last)
+            with autocast(args, device):
+                sums, count = evaluate_batch(model, batch)
+            totals[:-1] += sums
+            totals[-1] += count
+        preemption.check()
     model.train()
     dist.all_reduce(totals)
     return totals
 
 
-# --- checkpointing -----------------------------------------------------------------------------
+def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds):
+    """One line of metrics.jsonl: means over all samples, the samples counted, and timings."""
+    record = {"epoch": epoch + 1, "train_loss": train_totals[0].item() / train_totals[1].item()}
+    count = val_totals[-1].item()
+    for i, name in enumerate(EVAL_METRICS):
+        record[f"val_{name}"] = val_totals[i].item() / count
+    record.update(val_samples=int(count), samples_per_sec=train_totals[1].item() / train_seconds,
+                  train_seconds=train_seconds, val_seconds=val_seconds)
+    return record
+
+
+# --- checkpointing ------------------------------------------------------------------------------
 
 def prepare_out_dir(args):
-    """Create --out-dir and make sure a file can be written there, before any time goes into training."""
+    """Create --out-dir and make sure a file can be written there, before any training."""
     try:
         Path(args.out_dir).mkdir(parents=True, exist_ok=True)
         # Writing a file is the one sure test: permissions, read-only mounts and a file standing
@@ -538,7 +693,7 @@ def prepare_out_dir(args):
 
 
 def atomic_save(obj, path):
-    """Write to a temporary file, then rename: a reader sees the old file or the new one, never half."""
+    """Write to a temporary file, then rename: a reader sees the old file or the new, never half."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
@@ -550,6 +705,27 @@ def atomic_save(obj, path):
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+@dataclasses.dataclass
+class TrainState:
+    """Where the run stands as of its last optimizer step: what a checkpoint holds besides the
+    model, the optimizer and the GradScaler."""
+
+    # The same on every process:
+    epoch: int = 0  # the epoch under way; those before it are done, validation included
+    step_in_epoch: int = 0  # its optimizer steps done
+    global_step: int = 0
+    history: list = dataclasses.field(default_factory=list)  # one metrics record per epoch done
+    # Each process's own (rank 0 gathers them):
+    rng: dict = None  # Python's and torch's random states
+    loader_rng: torch.Tensor = None  # the data loader's generator as the epoch began
+    train_totals: torch.Tensor = None  # [loss sum, samples] of the epoch so far
+    train_seconds: float = 0.0  # time spent training in the epoch so far
+
+
+SHARED_STATE = ("epoch", "step_in_epoch", "global_step", "history")
+PER_PROCESS_STATE = ("rng", "loader_rng", "train_totals", "train_seconds")
 
 
 def rng_state():
@@ -568,14 +744,14 @@ def set_rng_state(state):
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def save_checkpoint(args, model, optimizer, scaler, state, rank, world_size):
-    """Write everything an exact resume needs; every process calls this, rank 0 writes the file.
-
-    The random generators and the partial sums differ between processes: rank 0 gathers them.
-    """
-    per_rank = {"rng": rng_state(), "loader_rng": state["loader_rng"], "train_totals": state["train_totals"].cpu()}
-    gathered = [None] * world_size if rank == 0 else None
-    dist.gather_object(per_rank, gathered, dst=0)
+def save_checkpoint(args, model, optimizer, scaler, state):
+    """Write everything an exact resume needs; every process calls this, rank 0 writes the file."""
+    start, rank = time.perf_counter(), dist.get_rank()
+    # The random states and the partial sums differ between processes: rank 0 gathers them.
+    per_process = {name: getattr(state, name) for name in PER_PROCESS_STATE}
+    per_process["train_totals"] = state.train_totals.cpu()
+    gathered = [None] * dist.get_world_size() if rank == 0 else None
+    dist.gather_object(per_process, gathered, dst=0)
     if rank != 0:
         return
     checkpoint = {
@@ -583,23 +759,20 @@ def save_checkpoint(args, model, optimizer, scaler, state, rank, world_size):
         "model": model.module.state_dict(),
         "optimizer": optimizer.state_dict(),
         "scaler": scaler.state_dict(),
-        "epoch": state["epoch"],
-        "step_in_epoch": state["step_in_epoch"],
-        "global_step": state["global_step"],
-        "world_size": world_size,
-        "config": {name: getattr(args, name) for name in RESUME_MUST_MATCH},
-        "history": state["history"],
+        **{name: getattr(state, name) for name in SHARED_STATE},
+        "world_size": dist.get_world_size(),
+        "config": vars(args),
         "rank_states": gathered,
     }
     ckpt_dir = Path(args.out_dir) / "checkpoints"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    path = ckpt_dir / f"step_{state['global_step']:09d}.pt"
+    path = ckpt_dir / f"step_{state.global_step:09d}.pt"
     atomic_save(checkpoint, path)
     for old in list_checkpoints(ckpt_dir)[args.keep_last:]:
         old.unlink()
-    where = (f"epoch {state['epoch'] + 1} step {state['step_in_epoch']}" if state["step_in_epoch"]
-             else f"end of epoch {state['epoch']}")
-    log(f"checkpoint {path} ({where})")
+    where = f"end of epoch {state.epoch}" if state.step_in_epoch == 0 else \
+        f"epoch {state.epoch + 1} step {state.step_in_epoch}"
+    log(f"checkpoint {path} ({where}) in {time.perf_counter() - start:.2f} s")
 
 
 def list_checkpoints(ckpt_dir):
@@ -609,88 +782,120 @@ def list_checkpoints(ckpt_dir):
     return [p for _, p in sorted(found, reverse=True)]
 
 
-def load_checkpoint(path, args, world_size, device):
+def load_checkpoint(path, args, world_size):
     """Read and check a checkpoint; anything wrong with it is a ConfigError naming the file."""
     try:
+        # To the CPU, whatever the device: random states must stay CPU tensors (set_rng_state
+        # takes no other), and load_state_dict copies weights and optimizer state to the model's.
         # weights_only: tensors and plain containers only, so loading a file runs no code from it.
-        checkpoint = torch.load(path, map_location=device, weights_only=True)
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else "the file is empty or truncated"
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else "empty or truncated"
         raise ConfigError(f"checkpoint {path} cannot be read: {reason}") from None
     if not isinstance(checkpoint, dict) or "rank_states" not in checkpoint:
         raise ConfigError(f"checkpoint {path} was not written by this script")
-    for name in RESUME_MUST_MATCH:
-        if checkpoint["config"].get(name) != getattr(args, name):
+    settings, saved = vars(args), checkpoint["config"]
+    for name in sorted(settings.keys() & saved.keys()):
+        if saved[name] != settings[name] and name not in RESUME_MAY_CHANGE + RESUME_MAY_CHANGE_TASK:
             raise ConfigError(f"checkpoint {path} is from a run with --{name.replace('_', '-')} "
-                              f"{checkpoint['config'].get(name)}, this run has {getattr(args, name)}")
+                              f"{saved[name]}, this run has {settings[name]}")
     if checkpoint["world_size"] != world_size:
-        raise ConfigError(f"checkpoint {path} was written by {checkpoint['world_size']} processes, this run "
-                          f"has {world_size}: resume with the same number (the data position and random "
-                          f"state are per process)")
+        raise ConfigError(f"checkpoint {path} was written by {checkpoint['world_size']} processes, "
+                          f"this run has {world_size}: resume with as many (the data position and "
+                          f"random states are per process)")
     return checkpoint
 
 
-def find_checkpoint(args, world_size, device):
+def find_checkpoint(args, world_size):
     """The checkpoint to resume from and its path, or (None, None) to start afresh."""
     if args.resume == "none":
         return None, None
     if args.resume != "auto":
-        return load_checkpoint(args.resume, args, world_size, device), args.resume
+        return load_checkpoint(args.resume, args, world_size), args.resume
     candidates = list_checkpoints(Path(args.out_dir) / "checkpoints")
     reasons = []
     for path in candidates:
         try:
-            return load_checkpoint(path, args, world_size, device), path
+            return load_checkpoint(path, args, world_size), path
         except ConfigError as err:
             # A torn or foreign file is reported and passed over for the one before it.
             log(f"skipping: {err}")
             reasons.append(str(err))
     if candidates:
-        raise ConfigError(f"no usable checkpoint in {Path(args.out_dir) / 'checkpoints'} (newest: {reasons[0]}); "
-                          f"use --resume none to start afresh (old checkpoints may then be deleted) or another "
-                          f"--out-dir")
+        raise ConfigError(f"no usable checkpoint in {Path(args.out_dir) / 'checkpoints'} (newest: "
+                          f"{reasons[0]}); start afresh with --resume none (old checkpoints may "
+                          f"then be deleted) or another --out-dir")
     return None, None
 
 
-def restore(checkpoint, path, model, optimizer, scaler, rank, device):
-    """Load a checkpoint into this process; return the training state it holds."""
+def agree_on_checkpoint(args, world_size):
+    """find_checkpoint on every process (each reads the file itself), then one collective: all must
+    have found the same. A node that does not see the newest checkpoint (no shared file system, or
+    a stale one) would start afresh while the others resume, and the run would hang."""
     try:
-        model.module.load_state_dict(checkpoint["model"])
+        checkpoint, path = find_checkpoint(args, world_size)
+        found = f"{Path(path).name} (step {checkpoint['global_step']})" if path else "none"
+        view = (found, None)
+    except ConfigError as err:
+        checkpoint, path, view = None, None, (None, str(err))
+    views = [None] * world_size
+    dist.all_gather_object(views, view)
+    for rank, (found, error) in enumerate(views):
+        if error is not None:
+            raise ConfigError(error if rank == 0 else f"on rank {rank}: {error}")
+        if found != views[0][0]:
+            raise ConfigError(f"processes disagree on the checkpoint to resume from: rank 0 finds "
+                              f"{views[0][0]}, rank {rank} finds {found}; every node must see the "
+                              f"same --out-dir")
+    return checkpoint, path
+
+
+def restore(checkpoint, path, model, optimizer, scaler, rank, device):
+    """Load a checkpoint into the unwrapped model and the rest; return the TrainState it holds."""
+    try:
+        model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
     except (RuntimeError, ValueError, KeyError) as err:
-        raise ConfigError(f"checkpoint {path} does not fit this model: {str(err).strip().splitlines()[0]}") from None
+        reason = str(err).strip().splitlines()[0]
+        raise ConfigError(f"checkpoint {path} does not fit this model: {reason}") from None
     scaler.load_state_dict(checkpoint["scaler"])
-    per_rank = checkpoint["rank_states"][rank]
-    set_rng_state(per_rank["rng"])
-    return {
-        "epoch": checkpoint["epoch"],
-        "step_in_epoch": checkpoint["step_in_epoch"],
-        "global_step": checkpoint["global_step"],
-        "history": checkpoint["history"],
-        "loader_rng": per_rank["loader_rng"],
-        "train_totals": per_rank["train_totals"].to(device, torch.float64),
-    }
+    state = TrainState(**{name: checkpoint[name] for name in SHARED_STATE},
+                       **checkpoint["rank_states"][rank])
+    set_rng_state(state.rng)
+    state.train_totals = state.train_totals.to(device, torch.float64)
+    return state
 
 
-# --- main --------------------------------------------------------------------------------------
+# --- main ---------------------------------------------------------------------------------------
 
 def train(args):
     rank, local_rank, world_size, device = setup_distributed(args)
+    configure_cuda(args)
+    if args.sync_bn and device.type != "cuda":
+        raise ConfigError("--sync-bn needs CUDA GPUs: SyncBatchNorm runs on GPUs only")
     # Rank 0 writes the results: if it cannot, every process stops now, not after training.
     rank0_only(rank, prepare_out_dir, args)
-    set_seed(args.seed)
-    train_set, val_set, num_classes = rank0_first(rank, build_datasets, args)
+    train_set, val_set, num_outputs = rank0_first(rank, build_datasets, args)
     if len(train_set) < world_size:
         raise ConfigError(f"{world_size} processes but only {len(train_set)} training samples: "
                           f"every process needs at least one")
+    check_model_fits(args, num_outputs, val_set)
     train_loader, val_loader = build_loaders(args, train_set, val_set, device, rank, world_size)
-    model = build_model(args, num_classes).to(device)
+    set_seed(args.seed)
+    layout = torch.channels_last if args.channels_last else torch.preserve_format
+    model = build_model(args, num_outputs).to(device, memory_format=layout)
+    log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
+    if args.sync_bn:
+        # Statistics over the global batch, all-reduced in every forward: they pay when per-GPU
+        # batches are small. Its state_dict keys are BatchNorm's: checkpoints load either way.
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     # DDP broadcasts rank 0's weights at construction and averages gradients during backward.
     # device_ids names the one GPU this process drives; on CPU it must be left out.
-    # Bucket size and gradient views change how gradients travel, not what is averaged (at most the
-    # rounding of the sum on over 2 processes); bench/ shows they pay where all-reduces are large.
+    # Bucket size and gradient views change how gradients travel, not what is averaged (at most
+    # the rounding of the sum on over 2 processes); bench/ shows they pay where all-reduces are big.
     model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None,
-                bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=args.gradient_as_bucket_view)
+                bucket_cap_mb=args.bucket_cap_mb,
+                gradient_as_bucket_view=args.gradient_as_bucket_view)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=MOMENTUM,
                                 weight_decay=args.weight_decay)
     # fp16 needs loss scaling (small gradients underflow in fp16); bf16 has fp32's range and does
@@ -700,93 +905,78 @@ def train(args):
     # The weights came from the same seed everywhere; from here on each process draws its own
     # random numbers (dropout, augmentation), or all of them would repeat one draw.
     set_seed(args.seed + rank)
-    # Every process reads the checkpoint itself (a shared file system), so all of them fail alike on
-    # a bad one, and all of them restore their own random state.
-    checkpoint, checkpoint_path = find_checkpoint(args, world_size, device)
+    checkpoint, checkpoint_path = agree_on_checkpoint(args, world_size)
     if checkpoint is None:
-        state = {"epoch": 0, "step_in_epoch": 0, "global_step": 0, "history": [],
-                 "loader_rng": train_loader.generator.get_state(),
-                 "train_totals": torch.zeros(2, dtype=torch.float64, device=device)}
+        state = TrainState(rng=rng_state(), loader_rng=train_loader.generator.get_state(),
+                           train_totals=torch.zeros(2, dtype=torch.float64, device=device))
     else:
-        state = restore(checkpoint, checkpoint_path, model, optimizer, scaler, rank, device)
-        train_loader.generator.set_state(state["loader_rng"])
+        state = restore(checkpoint, checkpoint_path, model.module, optimizer, scaler, rank, device)
+        train_loader.generator.set_state(state.loader_rng)
         del checkpoint
     preemption = Preemption()
-
-    def save():
-        save_checkpoint(args, model, optimizer, scaler, state, rank, world_size)
 
     out_dir = Path(args.out_dir)
     metrics_path = out_dir / "metrics.jsonl"
     if rank == 0:
-        # A resumed run rewrites the records of the epochs its checkpoint has seen, no more, no fewer.
-        metrics_path.write_text("".join(json.dumps(record) + "\n" for record in state["history"]))
-    log(f"device {device} | model {args.model} | {len(train_set)} train / {len(val_set)} val samples")
+        # A resumed run rewrites the records of the epochs its checkpoint has seen, no more.
+        metrics_path.write_text("".join(json.dumps(record) + "\n" for record in state.history))
+    log(f"process group {dist.get_backend()} | {world_size} processes | "
+        f"timeout {args.timeout_min:g} min")
     # Read back from DDP itself, so the line shows what DDP was given.
     log(f"DDP buckets of {model.bucket_bytes_cap / 2**20:.3g} MB | gradients as bucket views: "
         f"{'yes' if model.gradient_as_bucket_view else 'no'}")
-    log(f"global batch {args.batch_size * world_size * args.accum_steps} = {args.batch_size} per process "
-        f"x {world_size} processes x {args.accum_steps} accumulation steps | amp {args.amp}")
+    log(f"global batch {args.batch_size * world_size * args.accum_steps} = {args.batch_size} per "
+        f"process x {world_size} processes x {args.accum_steps} accumulation steps | "
+        f"amp {args.amp}")
     if checkpoint_path is not None:
-        log(f"resumed from {checkpoint_path}: epoch {state['epoch'] + 1}, step {state['step_in_epoch']}")
+        log(f"resumed from {checkpoint_path}: epoch {state.epoch + 1}, step {state.step_in_epoch}")
+    if state.epoch >= args.epochs:
+        log(f"nothing to train: the run already completed {state.epoch} epochs; raise --epochs to "
+            f"train longer, or start afresh with --resume none or another --out-dir")
 
-    for epoch in range(state["epoch"], args.epochs):
-        # Without set_epoch the sampler repeats epoch 0's order in every epoch.
-        train_loader.sampler.set_epoch(epoch)
-        # A resumed epoch skips the samples its first steps consumed, on every process.
-        train_loader.sampler.set_start(state["step_in_epoch"] * args.accum_steps * args.batch_size)
-        state["epoch"] = epoch
-        # Starting an iterator draws from the loader's generator: a mid-epoch resume replays that draw.
-        state["loader_rng"] = train_loader.generator.get_state()
-        # Every process trains on as many samples: rank 0's count times world_size is the global one.
-        samples_before = state["train_totals"][1].item() * world_size
-        epoch_start = time.perf_counter()
-        train_totals = train_one_epoch(args, model, train_loader, optimizer, scaler, device, epoch, state,
-                                       save, preemption)
-        train_seconds = time.perf_counter() - epoch_start
-        if train_totals is None:
-            return stopped(args, state)
-        # Every process evaluates its shard through model.module: shards differ in length, and the
-        # DDP wrapper's forward starts a collective (a buffer broadcast) that would then go unmatched.
-        val_totals = evaluate(args, model.module, val_loader, device)
-        record = {
-            "epoch": epoch + 1,
-            "train_loss": train_totals[0].item() / train_totals[1].item(),
-            "val_loss": val_totals[0].item() / val_totals[2].item(),
-            "val_acc": val_totals[1].item() / val_totals[2].item(),
-            "val_samples": int(val_totals[2].item()),
-            "samples_per_sec": (train_totals[1].item() - samples_before) / train_seconds,
-        }
-        state["history"].append(record)
-        state.update(epoch=epoch + 1, step_in_epoch=0, loader_rng=train_loader.generator.get_state())
-        state["train_totals"] = torch.zeros(2, dtype=torch.float64, device=device)
-        stop = should_stop(args, state, preemption) if epoch + 1 < args.epochs else None
-        if stop or epoch + 1 == args.epochs or (args.ckpt_epochs and (epoch + 1) % args.ckpt_epochs == 0):
-            save()
-        if rank == 0:
-            write_metrics(metrics_path, record)
-        log(f"epoch {record['epoch']}/{args.epochs} train_loss {record['train_loss']:.4f} "
-            f"val_loss {record['val_loss']:.4f} val_acc {record['val_acc']:.2%} "
-            f"({record['val_samples']} samples) | {record['samples_per_sec']:.0f} samples/s")
-        if stop:
-            state["stop"] = stop
-            return stopped(args, state)
+    try:
+        for epoch in range(state.epoch, args.epochs):
+            # Without set_epoch the sampler repeats epoch 0's order in every epoch.
+            train_loader.sampler.set_epoch(epoch)
+            # A resumed epoch skips the samples its first steps consumed, on every process.
+            train_loader.sampler.set_start(state.step_in_epoch * args.accum_steps * args.batch_size)
+            state.epoch = epoch
+            train_totals = train_one_epoch(args, model, train_loader, optimizer, scaler, device,
+                                           state, preemption)
+            # Every process evaluates its shard through model.module: shards differ in length, and
+            # the DDP wrapper's forward starts a collective (a buffer broadcast) that would go
+            # unmatched.
+            val_start = time.perf_counter()
+            val_totals = evaluate(args, model.module, val_loader, device, preemption)
+            record = epoch_record(epoch, train_totals, val_totals, state.train_seconds,
+                                  time.perf_counter() - val_start)
+            state.history.append(record)
+            # The next epoch begins: from here on a checkpoint resumes at its start.
+            state.epoch, state.step_in_epoch, state.train_seconds = epoch + 1, 0, 0.0
+            state.train_totals = torch.zeros(2, dtype=torch.float64, device=device)
+            state.rng, state.loader_rng = rng_state(), train_loader.generator.get_state()
+            if rank == 0:
+                write_metrics(metrics_path, record)
+            log_epoch(record, args.epochs)
+            if epoch + 1 < args.epochs:
+                preemption.check()
+                check_max_steps(args, state)
+            if epoch + 1 == args.epochs or args.ckpt_epochs and (epoch + 1) % args.ckpt_epochs == 0:
+                save_checkpoint(args, model, optimizer, scaler, state)
+    except Stop as stop:
+        save_checkpoint(args, model, optimizer, scaler, state)
+        if str(stop) == "preempted":
+            log(f"preempted at step {state.global_step}: checkpoint written; requeue with the "
+                f"same command (exit status {EXIT_REQUEUE})")
+            return EXIT_REQUEUE
+        log(f"stopped after --max-steps {args.max_steps}: checkpoint written; the same command "
+            f"without --max-steps continues the run")
+        return 0
 
     if rank == 0:
         # Save the unwrapped model: its keys have no "module." prefix and load into the bare model.
         atomic_save(model.module.state_dict(), out_dir / "model.pt")
         log(f"saved {out_dir / 'model.pt'}")
-    return 0
-
-
-def stopped(args, state):
-    """Report a stop before the last epoch's end; return the exit status a scheduler should see."""
-    if state["stop"] == "preempted":
-        log(f"preempted at step {state['global_step']}: checkpoint written; requeue with the same command "
-            f"(exit status {EXIT_REQUEUE})")
-        return EXIT_REQUEUE
-    log(f"stopped after --max-steps {args.max_steps}: checkpoint written; the same command without "
-        f"--max-steps continues the run")
     return 0
 
 

@@ -16,8 +16,14 @@ from pathlib import Path
 
 import random
 
-import pytest
-import torch
+# The suite runs on the CPU wherever it runs, a laptop or a GPU machine: the scripts pick CUDA
+# and nccl when they see a GPU, and on a GPU machine the tests would then need one GPU per process,
+# and bitwise comparisons would meet CUDA's nondeterministic kernels. Hidden before torch starts,
+# for this process (in-process tests) and every launch (base_env copies os.environ).
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 # LADDER_ROOT points the harness at another copy of the scripts (tools/mutation_check.py uses it to
 # show that each test fails when the pitfall it guards is put back).
@@ -37,7 +43,8 @@ LAUNCH_TIMEOUT = int(os.environ.get("LADDER_LAUNCH_TIMEOUT", 240))
 
 def base_env():
     env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONWARNINGS="default")
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONWARNINGS="default",
+               CUDA_VISIBLE_DEVICES="")
     env.pop("RANK", None)
     env.pop("WORLD_SIZE", None)
     env.pop("LOCAL_RANK", None)
@@ -111,14 +118,16 @@ class Runs:
     def __init__(self, root):
         self.root = root
 
-    def get(self, name, script, args=(), nproc=None, **kwargs):
+    def get(self, name, script, args=(), nproc=None, tiny=True, **kwargs):
+        """The output directory of the run, launched once; tiny=False leaves out TINY's settings."""
         out_dir = self.root / name
         with open(self.root / f"{name}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             done = self.root / f"{name}.done"
             if not done.exists():
                 shutil.rmtree(out_dir, ignore_errors=True)
-                run_ok(script, out_dir, args, nproc=nproc, **kwargs)
+                args = [*(TINY if tiny else ()), *args, "--out-dir", str(out_dir)]
+                check(launch(script, args, nproc=nproc, **kwargs))
                 done.touch()
         return out_dir
 

@@ -181,3 +181,36 @@ def test_resume_with_another_world_size_is_one_clear_error(finished_run):
     result = launch("ddp_full.py", [*TINY, "--batch-size", "8", "--epochs", "3", "--out-dir", str(finished_run)])
     assert_one_clear_error(result, "ddp_full.py", "was written by 2 processes, this run has 1")
     assert snapshot(finished_run) == before
+
+
+def test_sync_bn_without_cuda_is_one_clear_error(tmp_path, capsys):
+    # SyncBatchNorm raises "SyncBatchNorm layers only work with GPU modules" inside DDP on a CPU.
+    result = call_main("ddp_full.py", [*TINY, "--sync-bn", "--out-dir", str(tmp_path)], capsys)
+    assert_one_clear_error(result, "ddp_full.py", "--sync-bn needs CUDA GPUs")
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("script", ["ddp_basic.py", "ddp_amp_accum.py", "ddp_full.py"])
+def test_timeout_min_zero_is_one_clear_error(script, tmp_path, capsys):
+    result = call_main(script, [*TINY, "--timeout-min", "0", "--out-dir", str(tmp_path)], capsys)
+    assert_one_clear_error(result, script, "--timeout-min must be positive, got 0.0")
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_unknown_model_is_one_clear_error_saying_how_to_list_the_names(script, tmp_path, capsys):
+    result = call_main(script, [*TINY, "--model", "resnet19", "--out-dir", str(tmp_path)], capsys)
+    assert_one_clear_error(result, script, "unknown --model 'resnet19': cnn or a torchvision "
+                                           "classification model; list them with: python -c")
+
+
+def test_a_model_that_does_not_fit_the_images_is_one_clear_error(tmp_path, capsys):
+    # torchvision's ViT is built for 224-pixel images; the synthetic data is 32 pixels.
+    result = call_main("single_gpu.py", [*TINY, "--model", "vit_b_16", "--out-dir", str(tmp_path)], capsys)
+    assert_one_clear_error(result, "single_gpu.py", "the model does not fit the data: "
+                                                    "Wrong image height! Expected 224 but got 32!")
+    assert "epoch" not in result.stdout
+
+
+def test_train_samples_zero_is_one_clear_error(tmp_path, capsys):
+    result = call_main("single_gpu.py", [*TINY, "--train-samples", "0", "--out-dir", str(tmp_path)], capsys)
+    assert_one_clear_error(result, "single_gpu.py", "--train-samples must be at least 1")

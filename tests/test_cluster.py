@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from conftest import LAUNCH_TIMEOUT, ROOT, TINY, base_env, check, command, launch, metrics, weights
+from test_bad_input import assert_one_clear_error, snapshot
 from test_resume import assert_bitwise_equal
 
 # 512 samples, 2 processes x 8: 32 steps per epoch, 64 in all, a checkpoint every 10 steps. Long
@@ -180,3 +181,64 @@ def test_slurm_script_parses_and_its_dry_run_prints_the_reliable_launch_line():
     for part in ("--nnodes=2", "--nproc_per_node=4", "--rdzv-backend=c10d", "--rdzv-endpoint=node17:29500",
                  "--rdzv-id=4242", "--max-restarts=3", "ddp_full.py", "--model resnet18"):
         assert part in line, (part, line)
+
+
+# 97 validation samples on 2 processes: shards of 49 and 48, 7 and 6 batches of 8 -- rank 1 has
+# nothing to score in the last round, and must still agree on a stop there.
+IN_VALIDATION = ["--batch-size", "8", "--val-samples", "97"]
+
+
+def test_sigterm_during_validation_stops_within_a_batch_and_resume_is_bitwise(runs, tmp_path):
+    # SIGTERM reaches rank 0 as it scores its 7th and last validation batch of epoch 1, a round in
+    # which rank 1 scores nothing. Acted on at once, the run checkpoints with epoch 1 trained and
+    # its validation still to come; acted on only at the epoch's end, it would first finish
+    # validation and write epoch 1's metrics.
+    reference = runs.get("full_val97_w2", "ddp_full.py", IN_VALIDATION, nproc=2)
+    stopped = launch("tests/sigterm_in_validation.py", [*TINY, *IN_VALIDATION, "--out-dir", str(tmp_path)],
+                     nproc=2, env={"SIGTERM_RANK": "0", "SIGTERM_AT_SAMPLE": "48"})
+    # (Its exit status, 75, is tested without torchrun below: here the first process to exit with
+    # it makes torchrun stop the other, as it stops a group after any failure.)
+    assert "preempted at step 12: checkpoint written" in stopped.stdout, stopped.stdout + stopped.stderr
+    assert metrics(tmp_path) == []  # epoch 1's validation did not finish: no record yet
+    checkpoint = torch.load(tmp_path / "checkpoints" / "step_000000012.pt", weights_only=True)
+    assert (checkpoint["epoch"], checkpoint["step_in_epoch"], checkpoint["history"]) == (0, 12, [])
+    resumed = check(launch("ddp_full.py", [*TINY, *IN_VALIDATION, "--out-dir", str(tmp_path)], nproc=2))
+    assert "step_000000012.pt: epoch 1, step 12" in resumed.stdout
+    assert_bitwise_equal(reference, tmp_path)
+
+
+def test_nodes_that_see_different_checkpoints_stop_with_one_line_and_write_nothing(runs, tmp_path):
+    # Node 0's disk holds a checkpoint of a 4-process run; node 1's (no shared file system) holds
+    # none. Without agreement node 1's processes start afresh while node 0's resume, and the run
+    # hangs or fails at a later collective. With it, every process stops at start, exit status 2.
+    finished = runs.get("full_w2", "ddp_full.py", ["--batch-size", "8"], nproc=2)
+    checkpoint = torch.load(finished / "checkpoints" / "step_000000024.pt", weights_only=True)
+    checkpoint["world_size"], checkpoint["rank_states"] = 4, checkpoint["rank_states"] * 2
+    checkpoint["config"]["batch_size"] = 4  # as if written by 4 processes x 4
+    (tmp_path / "node0" / "checkpoints").mkdir(parents=True)
+    torch.save(checkpoint, tmp_path / "node0" / "checkpoints" / "step_000000024.pt")
+    before = snapshot(tmp_path / "node0")
+    port, processes = free_port(), []
+    for node in (0, 1):
+        cmd = command("ddp_full.py", [*TINY, "--batch-size", "4", "--epochs", "3",
+                                      "--out-dir", str(tmp_path / f"node{node}")])
+        cmd[1:2] = ["-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=2", "--rdzv-backend=c10d",
+                    f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=disagree", cmd[1]]
+        processes.append(subprocess.Popen(cmd, cwd=ROOT, env=base_env(), stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True, start_new_session=True))
+    results = []
+    for process in processes:
+        try:
+            results.append(subprocess.CompletedProcess(process.args, None, *process.communicate(
+                timeout=LAUNCH_TIMEOUT)))
+        except subprocess.TimeoutExpired:
+            for other in processes:
+                os.killpg(other.pid, signal.SIGKILL)
+            raise AssertionError(f"the nodes hung for {LAUNCH_TIMEOUT} s instead of stopping") from None
+        results[-1].returncode = process.returncode
+    assert_one_clear_error(results[0], "ddp_full.py", "processes disagree on the checkpoint to resume from: "
+                           "rank 0 finds step_000000024.pt (step 24), rank 2 finds none")
+    assert results[1].returncode != 0 and "error:" not in results[1].stderr  # rank 0 speaks for all
+    assert "exitcode: 2" in results[0].stderr + results[1].stderr
+    assert snapshot(tmp_path / "node0") == before
+    assert not (tmp_path / "node1").exists()

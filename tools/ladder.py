@@ -8,6 +8,8 @@ whitespace (indentation, blank lines, spacing) but not comments: comments are co
 """
 import ast
 import difflib
+import io
+import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,6 +50,15 @@ def regions(text):
     if lines[previous_end:]:
         found.setdefault("tail", []).extend(lines[previous_end:])
     return found
+
+
+def region_starts(text):
+    """{name: index of the region's first line in the file} (for a name that occurs once)."""
+    starts, previous_end = {}, 0
+    for node in ast.parse(text).body:
+        starts.setdefault(region_name(node), previous_end)
+        previous_end = node.end_lineno
+    return starts
 
 
 def normalize(lines):
@@ -92,8 +103,92 @@ def step_changes(old_text, new_text):
     return changed, set(new) - set(old), set(old) - set(new)
 
 
+SEAM = "# --- your data and model"
+
+
+def replace_seam(text, seam):
+    """The script with its section "your data and model" replaced by `seam` (a section of the same
+    form: its own rule line first), the rest untouched; as a user who copies a script does."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(SEAM))
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("# --- "))
+    return "\n".join(lines[:start] + seam.strip("\n").splitlines() + ["", ""] + lines[end:]) + "\n"
+
+
 def read(name, root=ROOT):
     return (Path(root) / name).read_text()
+
+
+def statement_starts(lines):
+    """Indices of the lines that begin a statement (comment lines count as beginnings)."""
+    starts, at_start = set(), True
+    for token in tokenize.generate_tokens(io.StringIO("\n".join(lines) + "\n").readline):
+        if token.type == tokenize.NEWLINE:
+            at_start = True
+        elif token.type == tokenize.COMMENT and token.line.strip().startswith("#"):
+            starts.add(token.start[0] - 1)
+        elif token.type not in (tokenize.NL, tokenize.INDENT, tokenize.DEDENT) and at_start:
+            starts.add(token.start[0] - 1)
+            at_start = False
+    return starts
+
+
+def change_chunks(old_lines, new_lines):
+    """The changes between two versions of a region as (old_range, new_range) pairs of line
+    indices, one statement each: a block of changed lines is cut where a statement begins at no
+    deeper a level than the chunk's first statement, comments going with the statement below
+    them, and lines replaced go with the first statement that replaces them. Whitespace does not
+    count."""
+    matcher = difflib.SequenceMatcher(None, [" ".join(l.split()) for l in old_lines],
+                                      [" ".join(l.split()) for l in new_lines], autojunk=False)
+    old_starts, new_starts = statement_starts(old_lines), statement_starts(new_lines)
+    chunks = []
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        lines, starts, first, last = (old_lines, old_starts, i1, i2) if tag == "delete" else \
+            (new_lines, new_starts, j1, j2)
+        cuts, level = [first], None
+        for k in range(first, last):
+            indent = len(lines[k]) - len(lines[k].lstrip())
+            after_comment = k > first and lines[k - 1].strip().startswith("#")
+            if k in starts and k > first and not after_comment and (level is None or indent <= level):
+                cuts.append(k)
+                level = indent
+            elif k in starts and level is None:
+                level = indent
+        for n, (a, b) in enumerate(zip(cuts, cuts[1:] + [last])):
+            if tag == "delete":
+                chunks.append(((a, b), (j1, j1)))
+            else:
+                chunks.append(((i1, i2) if n == 0 else (i2, i2), (a, b)))
+    return chunks
+
+
+def chunk_text(old_lines, new_lines, chunk):
+    """The changed lines of a chunk, as a diff shows them."""
+    (i1, i2), (j1, j2) = chunk
+    return [f"-{l}" for l in old_lines[i1:i2]] + [f"+{l}" for l in new_lines[j1:j2]]
+
+
+def tag_chunks(old_lines, new_lines, spec):
+    """[(concept, chunk)] for one region, and the markers of spec that tagged nothing.
+
+    spec is a concept name (every change of the region serves it) or a list of (marker, concept)
+    pairs: a chunk serves the concept of the first marker found in its changed lines; a chunk
+    without any is tagged None (the guard reports it). Changes of blank lines only are no change.
+    """
+    chunks = [chunk for chunk in change_chunks(old_lines, new_lines)
+              if any(line[1:].strip() for line in chunk_text(old_lines, new_lines, chunk))]
+    if isinstance(spec, str):
+        return [(spec, chunk) for chunk in chunks], []
+    tagged, used = [], set()
+    for chunk in chunks:
+        text = "\n".join(chunk_text(old_lines, new_lines, chunk))
+        found = next(((marker, concept) for marker, concept in spec if marker in text), (None, None))
+        used.add(found[0])
+        tagged.append((found[1], chunk))
+    return tagged, [marker for marker, _ in spec if marker not in used]
 
 
 if __name__ == "__main__":

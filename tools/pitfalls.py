@@ -16,12 +16,10 @@ PITFALLS = [
         "guards": ["tests/test_equivalence.py::test_accumulation_all_reduces_gradients_once_per_optimizer_step"],
         "mutation": ("ddp_amp_accum.py",
                      "        with sync_context:\n"
-                     "            with torch.autocast(device.type, dtype=AMP_DTYPES[args.amp], enabled=args.amp != \"none\"):\n"
-                     "                logits = model(images)\n"
-                     "                loss = F.cross_entropy(logits, labels)\n",
-                     "        with torch.autocast(device.type, dtype=AMP_DTYPES[args.amp], enabled=args.amp != \"none\"):\n"
-                     "            logits = model(images)\n"
-                     "            loss = F.cross_entropy(logits, labels)\n"
+                     "            with autocast(args, device):\n"
+                     "                loss, count = batch_loss(model, batch)\n",
+                     "        with autocast(args, device):\n"
+                     "            loss, count = batch_loss(model, batch)\n"
                      "        with sync_context:\n"),
     },
     {
@@ -36,13 +34,14 @@ PITFALLS = [
     },
     {
         "title": "Validation loss as a sum of batch means",
-        "mistake": "adding up `F.cross_entropy(logits, labels)` (a batch mean) and dividing by the sample count",
+        "mistake": "adding up `F.cross_entropy(logits, labels)` (a batch mean) and dividing by the sample count, "
+                   "or averaging the batch means",
         "symptom": "a validation loss off by the batch size; with a short last batch, samples weigh unequally",
         "correct": "sum per-sample losses (`reduction=\"sum\"`) and divide by the number of samples",
-        "fix": [("ddp_full.py", 'F.cross_entropy(logits.float(), labels, reduction="sum")')],
+        "fix": [("ddp_full.py", 'loss = F.cross_entropy(logits, labels, reduction="sum")')],
         "guards": ["tests/test_validation.py::test_ddp_full_sharded_validation_equals_one_process_evaluation"],
-        "mutation": ("ddp_full.py", 'F.cross_entropy(logits.float(), labels, reduction="sum")',
-                     "F.cross_entropy(logits.float(), labels)"),
+        "mutation": ("ddp_full.py", 'loss = F.cross_entropy(logits, labels, reduction="sum")',
+                     "loss = F.cross_entropy(logits, labels)"),
     },
     {
         "title": "Validation on rank 0 through the DDP wrapper",
@@ -139,10 +138,10 @@ PITFALLS = [
         "mistake": "saving on every process (or on each node's local rank 0)",
         "symptom": "N writers race on one file of a shared file system, or each node fills its own disk",
         "correct": "only global rank 0 writes; the others hand it their per-process state",
-        "fix": [("ddp_full.py", "dist.gather_object(per_rank, gathered, dst=0)")],
+        "fix": [("ddp_full.py", "dist.gather_object(per_process, gathered, dst=0)")],
         "guards": ["tests/test_cluster.py::test_two_nodes_of_two_processes_train_as_one_node_of_four_and_only_global_rank_0_writes"],
-        "mutation": ("ddp_full.py", "    dist.gather_object(per_rank, gathered, dst=0)\n    if rank != 0:\n        return\n",
-                     "    dist.gather_object(per_rank, gathered, dst=0)\n"),
+        "mutation": ("ddp_full.py", "    dist.gather_object(per_process, gathered, dst=0)\n    if rank != 0:\n        return\n",
+                     "    dist.gather_object(per_process, gathered, dst=0)\n"),
     },
     {
         "title": "Inexact resume: the GradScaler",
@@ -158,9 +157,9 @@ PITFALLS = [
         "mistake": "not saving and restoring each process's random generators",
         "symptom": "after a resume, random augmentation (and dropout) draws differently from the uninterrupted run",
         "correct": "rank 0 gathers every process's Python and torch RNG states; each process restores its own",
-        "fix": [("ddp_full.py", 'set_rng_state(per_rank["rng"])')],
+        "fix": [("ddp_full.py", "set_rng_state(state.rng)")],
         "guards": ["tests/test_resume.py::test_mid_epoch_resume_with_random_augmentation_restores_the_random_state"],
-        "mutation": ("ddp_full.py", '    set_rng_state(per_rank["rng"])\n', "    pass\n"),
+        "mutation": ("ddp_full.py", "    set_rng_state(state.rng)\n", "    pass\n"),
     },
     {
         "title": "Inexact resume: the position in the epoch",
@@ -169,7 +168,7 @@ PITFALLS = [
         "correct": "skip the samples the epoch already consumed, on every process (`set_start`)",
         "fix": [("ddp_full.py", "train_loader.sampler.set_start(")],
         "guards": ["tests/test_resume.py::test_resume_mid_epoch_then_at_an_epoch_boundary_is_bitwise_equal_to_an_uninterrupted_run"],
-        "mutation": ("ddp_full.py", "train_loader.sampler.set_start(state[\"step_in_epoch\"] * args.accum_steps * args.batch_size)",
+        "mutation": ("ddp_full.py", "train_loader.sampler.set_start(state.step_in_epoch * args.accum_steps * args.batch_size)",
                      "train_loader.sampler.set_start(0)"),
     },
     {
@@ -177,11 +176,11 @@ PITFALLS = [
         "mistake": "calling code that all-reduces (here: sharded evaluation) on rank 0 only",
         "symptom": "rank 0 waits in a collective the others never enter: a hang until the timeout",
         "correct": "every rank calls every collective, in the same order",
-        "fix": [("ddp_full.py", "        val_totals = evaluate(args, model.module, val_loader, device)")],
+        "fix": [("ddp_full.py", "val_totals = evaluate(args, model.module, val_loader, device, preemption)")],
         "guards": ["tests/test_validation.py::test_ddp_full_sharded_validation_equals_one_process_evaluation"],
-        "mutation": ("ddp_full.py", "        val_totals = evaluate(args, model.module, val_loader, device)\n",
-                     "        val_totals = (evaluate(args, model.module, val_loader, device) if rank == 0\n"
-                     "                      else torch.zeros(3, dtype=torch.float64, device=device))\n"),
+        "mutation": ("ddp_full.py", "            val_totals = evaluate(args, model.module, val_loader, device, preemption)\n",
+                     "            val_totals = (evaluate(args, model.module, val_loader, device, preemption) if rank == 0\n"
+                     "                          else torch.zeros(3, dtype=torch.float64, device=device))\n"),
     },
     {
         "title": "Per-process versus global batch size (and the learning rate)",
@@ -199,14 +198,13 @@ PITFALLS = [
         "title": "BatchNorm statistics under DDP (SyncBatchNorm)",
         "mistake": "assuming BatchNorm sees the global batch, or converting to SyncBatchNorm where it cannot run",
         "symptom": "each process normalises with its own small batch; `SyncBatchNorm` on CPU raises "
-                   "`ValueError: SyncBatchNorm layers only work with GPU modules`",
-        "correct": "the scripts keep plain BatchNorm (running statistics broadcast from rank 0 with the buffers); "
-                   "on GPUs with small per-process batches convert with `nn.SyncBatchNorm.convert_sync_batchnorm` "
-                   "before wrapping in DDP",
-        "fix": [("ddp_basic.py", "model = DDP(model, device_ids=")],
-        "guards": ["tests/test_launch.py::test_resnet18_with_batchnorm_validates_on_rank_0_without_hanging"],
-        "mutation": ("ddp_basic.py", "    model = DDP(model, device_ids=",
-                     "    model = nn.SyncBatchNorm.convert_sync_batchnorm(model)\n    model = DDP(model, device_ids="),
+                   "`ValueError: SyncBatchNorm layers only work with GPU modules` inside DDP",
+        "correct": "plain BatchNorm by default; `--sync-bn` (ddp_full) converts with "
+                   "`nn.SyncBatchNorm.convert_sync_batchnorm` before wrapping in DDP, on CUDA only, and says so "
+                   "in one line on a CPU",
+        "fix": [("ddp_full.py", 'if args.sync_bn and device.type != "cuda":')],
+        "guards": ["tests/test_bad_input.py::test_sync_bn_without_cuda_is_one_clear_error"],
+        "mutation": ("ddp_full.py", 'if args.sync_bn and device.type != "cuda":', "if False:"),
     },
     {
         "title": "A restart that starts over",
@@ -245,5 +243,64 @@ PITFALLS = [
         "fix": [("ddp_full.py", 'if checkpoint["world_size"] != world_size:')],
         "guards": ["tests/test_bad_input.py::test_resume_with_another_world_size_is_one_clear_error"],
         "mutation": ("ddp_full.py", 'if checkpoint["world_size"] != world_size:', "if False:"),
+    },
+    {
+        "title": "Random states loaded onto the GPU",
+        "mistake": "`torch.load(checkpoint, map_location=device)` with a CUDA device",
+        "symptom": "every resume on a GPU ends in `TypeError: RNG state must be a torch.ByteTensor`: random "
+                   "states can only be restored from CPU byte tensors",
+        "correct": "load to the CPU (`map_location=\"cpu\"`); `load_state_dict` copies weights and optimizer "
+                   "state to the model's device, and the random states stay where they must be",
+        "fix": [("ddp_full.py", 'checkpoint = torch.load(path, map_location="cpu", weights_only=True)')],
+        "guards": ["tests/test_gpu_paths.py::test_a_checkpoint_restores_onto_another_device_than_the_cpu"],
+        # The meta device stands in for the GPU, which CI does not have.
+        "mutation": ("ddp_full.py", 'torch.load(path, map_location="cpu", weights_only=True)',
+                     'torch.load(path, map_location="meta", weights_only=True)'),
+    },
+    {
+        "title": "BatchNorm statistics that differ across ranks in sharded validation",
+        "mistake": "validating each shard with that process's own BatchNorm running statistics",
+        "symptom": "after the last step each process holds statistics of its own micro-batches: the shards are "
+                   "scored by different models, none of them the saved one (measured: 278/397 correct reported, "
+                   "276/397 for the saved model)",
+        "correct": "broadcast rank 0's buffers before scoring, so every shard is scored by the model rank 0 saves",
+        "fix": [("ddp_full.py", "        dist.broadcast(buffer, src=0)")],
+        "guards": ["tests/test_validation.py::test_sharded_validation_with_batchnorm_scores_the_saved_model"],
+        "mutation": ("ddp_full.py", "    for buffer in model.buffers():\n        dist.broadcast(buffer, src=0)\n", ""),
+    },
+    {
+        "title": "Processes that resume from different checkpoints",
+        "mistake": "letting every process pick its checkpoint alone, on nodes that do not share a file system "
+                   "(or share a stale one)",
+        "symptom": "a node that does not see the newest checkpoint starts afresh while the others resume; DDP's "
+                   "first broadcast hides it, the epochs then differ and the run hangs or fails later",
+        "correct": "one collective after each process found its checkpoint: all must name the same one, or every "
+                   "process stops with one line naming both views",
+        "fix": [("ddp_full.py", "if found != views[0][0]:")],
+        "guards": ["tests/test_cluster.py::test_nodes_that_see_different_checkpoints_stop_with_one_line_and_write_nothing"],
+        "mutation": ("ddp_full.py", "if found != views[0][0]:", "if False:"),
+    },
+    {
+        "title": "A stop request that waits for the end of validation",
+        "mistake": "checking for SIGTERM only after an optimizer step (or only at the end of an epoch)",
+        "symptom": "a SIGTERM during a long validation is acted on after it; torchrun SIGKILLs the workers when "
+                   "its grace period (30 s) ends, and the run loses everything since its last checkpoint",
+        "correct": "all processes agree after every batch, in training and in validation (a shorter shard goes "
+                   "round as often as the longest); the checkpoint then resumes with validation",
+        "fix": [("ddp_full.py", "longest = math.ceil(len(loader.dataset) / dist.get_world_size())")],
+        "guards": ["tests/test_cluster.py::test_sigterm_during_validation_stops_within_a_batch_and_resume_is_bitwise"],
+        "mutation": ("ddp_full.py", "            totals[-1] += count\n        preemption.check()\n",
+                     "            totals[-1] += count\n"),
+    },
+    {
+        "title": "DataParallel handing a GPU one sample",
+        "mistake": "keeping a short last batch under DataParallel with BatchNorm",
+        "symptom": "DataParallel splits a batch with `torch.chunk`: CIFAR-10's last batch of 16 on 6 GPUs is "
+                   "3,3,3,3,3,1, and BatchNorm fails on the chunk of one (\"Expected more than 1 value per channel\")",
+        "correct": "drop the short last batch in dataparallel.py's training loader",
+        "fix": [("dataparallel.py", "drop_last=True")],
+        "guards": ["tests/test_gpu_paths.py::test_dataparallel_never_gives_a_gpu_a_single_sample"],
+        "mutation": ("dataparallel.py", "sampler=train_sampler, drop_last=True, **loader_args",
+                     "sampler=train_sampler, **loader_args"),
     },
 ]

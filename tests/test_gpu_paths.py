@@ -1,0 +1,76 @@
+"""The CUDA branches, checked on a CPU with stand-ins: what the GPU check confirms on a GPU.
+
+The suite itself runs on the CPU even on a GPU machine (conftest.py hides the GPUs): a test that
+needs a GPU's behaviour reproduces it here, with the meta device standing in for a device other
+than the CPU, or by replaying what torch does on GPUs (DataParallel's chunking).
+"""
+import os
+import subprocess
+import sys
+import warnings
+
+import torch
+from torch.utils.data import TensorDataset
+
+from conftest import base_env, TINY
+from test_validation import load_script
+
+
+def test_the_suite_hides_gpus_from_itself_and_from_every_launch():
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
+    assert not torch.cuda.is_available()
+    probe = "import os, torch; print(repr(os.environ['CUDA_VISIBLE_DEVICES']), torch.cuda.device_count())"
+    result = subprocess.run([sys.executable, "-c", probe], env=base_env(), capture_output=True, text=True)
+    assert result.stdout.split() == ["''", "0"], result.stdout + result.stderr
+
+
+def test_a_checkpoint_restores_onto_another_device_than_the_cpu(runs):
+    # A GPU run restores into a model on its GPU, with device=cuda. Random states can only be set
+    # from CPU byte tensors (check_rng_state in ATen's Generator.h): loading the file with
+    # map_location=<the device> breaks every resume on a GPU with "RNG state must be a
+    # torch.ByteTensor". The meta device stands in for the GPU: a model, an optimizer and a device
+    # that are not the CPU.
+    module = load_script("ddp_full.py")
+    out_dir = runs.get("full_w2", "ddp_full.py", ["--batch-size", "8"], nproc=2)
+    path = out_dir / "checkpoints" / "step_000000012.pt"
+    args = module.parse_args([*TINY, "--batch-size", "8", "--out-dir", str(out_dir)])
+    meta = torch.device("meta")
+    model = module.build_model(args, module.NUM_SYNTHETIC_CLASSES).to(meta)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=module.MOMENTUM)
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    checkpoint = module.load_checkpoint(path, args, world_size=2)
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "copying from a non-meta parameter ... is a no-op"
+        state = module.restore(checkpoint, path, model, optimizer, scaler, rank=1, device=meta)
+        assert torch.equal(torch.get_rng_state(), checkpoint["rank_states"][1]["rng"]["torch"])
+    torch.Generator().set_state(state.loader_rng)  # the data loader's generator: CPU bytes too
+    assert state.train_totals.device == meta  # what stays on the device went there
+    assert optimizer.state[model.classifier.weight]["momentum_buffer"].device == meta
+
+
+def test_dataparallel_never_gives_a_gpu_a_single_sample():
+    # DataParallel scatters a batch with torch.chunk (comm.scatter, no chunk sizes given), one
+    # chunk per GPU. BatchNorm cannot train on one sample ("Expected more than 1 value per
+    # channel"). CIFAR-10's 50,000 samples at batch 64 leave a last batch of 16: on 6 GPUs that is
+    # 3,3,3,3,3,1. Replayed here for the batches dataparallel.py's loader makes, on 2 to 8 GPUs.
+    module = load_script("dataparallel.py")
+    args = module.parse_args(["--batch-size", "64"])
+    cifar_sized = TensorDataset(torch.zeros(50_000, 1))
+    loader, _ = module.build_loaders(args, cifar_sized, cifar_sized, torch.device("cpu"))
+    sizes = {len(batch) for batch in loader.batch_sampler}
+    for gpus in range(2, 9):
+        for size in sizes:
+            chunks = [len(chunk) for chunk in torch.empty(size).chunk(gpus)]
+            assert min(chunks) >= 2, (size, gpus, chunks)
+
+
+def test_batchnorm_really_fails_on_a_chunk_of_one_sample():
+    # The premise of the replay above, with the scripts' resnet18 at 32 pixels (1x1 at the end).
+    module = load_script("dataparallel.py")
+    model = module.build_model(module.parse_args(["--model", "resnet18"]), 10).train()
+    try:
+        model(torch.zeros(1, 3, 32, 32))
+    except ValueError as err:
+        assert "Expected more than 1 value per channel" in str(err)
+    else:
+        raise AssertionError("BatchNorm trained on one sample")

@@ -1,0 +1,148 @@
+"""A user who copies a DDP script replaces its section "your data and model" and nothing else.
+
+Each DDP script is copied with that section swapped for a task unlike the demo -- token sequences
+(int64) through an embedding, a regression target, mean squared error and mean absolute error,
+none of the demo's flags -- and the harness's core claims are checked on the copies: one process
+trains what DDP on 2 processes trains; accumulation all-reduces once per optimizer step;
+sharded validation equals a one-process evaluation; a run stopped and resumed ends bitwise equal
+to one never stopped. The machinery outside the section does not depend on images or classes.
+
+Tolerances are test_equivalence.py's and test_validation.py's: float32 sums split differently
+(measured here after 16 steps: max weight difference 7.5e-8 for 2 processes, 1.2e-7 with
+accumulation; validation metrics within 2.2e-8, relative, of the one-process evaluation).
+"""
+import importlib.util
+import json
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT, check, launch, max_weight_difference, metrics, weights
+from test_equivalence import LOSS_ATOL, WEIGHT_ATOL
+from test_resume import assert_bitwise_equal
+from test_validation import VAL_LOSS_RTOL
+
+sys.path.insert(0, str(ROOT / "tools"))
+import ladder  # noqa: E402
+
+SEAM = '''
+# --- your data and model ------------------------------------------------------------------------
+# A task of the test's own: the mean weight of a sequence's tokens, learnt by a bag of embeddings.
+
+VOCAB, LENGTH = 50, 12
+EVAL_METRICS = ("loss", "mae")
+RESUME_MAY_CHANGE_TASK = ()
+
+
+def add_task_arguments(parser):
+    parser.add_argument("--sequences", type=int, default=256, help="training sequences")
+
+
+def make_sequences(num_samples, seed):
+    tokens = torch.randint(VOCAB, (num_samples, LENGTH), generator=torch.Generator().manual_seed(seed))
+    token_weights = torch.randn(VOCAB, generator=torch.Generator().manual_seed(1234))
+    return TensorDataset(tokens, token_weights[tokens].mean(dim=1, keepdim=True))
+
+
+def build_datasets(args):
+    return make_sequences(args.sequences, 2 * args.seed + 1), make_sequences(101, 2 * args.seed + 2), 1
+
+
+class BagOfTokens(nn.Module):
+    def __init__(self, num_outputs):
+        super().__init__()
+        self.embedding = nn.Embedding(VOCAB, 16)
+        self.head = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, num_outputs))
+
+    def forward(self, tokens):
+        return self.head(self.embedding(tokens).mean(dim=1))
+
+
+def build_model(args, num_outputs):
+    return BagOfTokens(num_outputs)
+
+
+def batch_loss(model, batch):
+    tokens, targets = batch
+    return F.mse_loss(model(tokens), targets), len(targets)
+
+
+def evaluate_batch(model, batch):
+    tokens, targets = batch
+    predictions = model(tokens).float()
+    squared = F.mse_loss(predictions, targets, reduction="sum")
+    return torch.stack([squared.double(), (predictions - targets).abs().sum().double()]), len(targets)
+'''
+# 256 sequences, 2 epochs: global batch 32 (1 x 32, 2 x 16, 2 x 8 x 2 micro-batches): 16 steps.
+ARGS = ["--epochs", "2", "--log-interval", "1000", "--lr", "0.2"]
+DDP_SCRIPTS = ["ddp_basic.py", "ddp_amp_accum.py", "ddp_full.py"]
+
+
+@pytest.fixture(scope="module")
+def copies(tmp_path_factory):
+    """The DDP scripts with only their seam replaced, as a user's copies."""
+    folder = tmp_path_factory.mktemp("copies")
+    for name in DDP_SCRIPTS:
+        (folder / name).write_text(ladder.replace_seam(ladder.read(name, ROOT), SEAM))
+    (folder / "count_allreduces.py").write_text((ROOT / "tests" / "count_allreduces.py").read_text())
+    return folder
+
+
+def run(copies, runs, name, script, args, nproc, **kwargs):
+    return runs.get(name, str(copies / script), [*ARGS, *args], nproc=nproc, tiny=False, **kwargs)
+
+
+@pytest.mark.parametrize("script", DDP_SCRIPTS)
+def test_only_the_seam_differs_and_no_demo_flag_is_left(copies, script):
+    original, copy = ladder.regions(ladder.read(script, ROOT)), ladder.regions((copies / script).read_text())
+    seam = set(ladder.regions(SEAM.replace("# --- your", "x = 0\n# --- your", 1))) - {"x"}
+    for name in original.keys() & copy.keys() - seam:
+        assert ladder.normalize(original[name]) == ladder.normalize(copy[name]), name
+    flags = set(ladder.flags((copies / script).read_text()))
+    assert not flags & {"--data", "--data-dir", "--download", "--image-size", "--model", "--train-samples"}
+
+
+def test_one_process_trains_what_ddp_on_two_trains(copies, runs):
+    one = run(copies, runs, "seam_basic_w1", "ddp_basic.py", ["--batch-size", "32"], None)
+    two = run(copies, runs, "seam_basic_w2", "ddp_basic.py", ["--batch-size", "16"], 2)
+    assert max_weight_difference(weights(one), weights(two)) <= WEIGHT_ATOL
+    for a, b in zip(metrics(one), metrics(two), strict=True):
+        assert abs(a["train_loss"] - b["train_loss"]) <= LOSS_ATOL and a["val_samples"] == b["val_samples"] == 101
+    assert metrics(one)[-1]["train_loss"] < metrics(one)[0]["train_loss"]  # it learns
+
+
+def test_accumulation_all_reduces_once_per_step_and_matches_one_process(copies, runs):
+    one = run(copies, runs, "seam_basic_w1", "ddp_basic.py", ["--batch-size", "32"], None)
+    counts = runs.root / "seam_accum_counts"
+    accum = run(copies, runs, "seam_accum_w2", "count_allreduces.py", ["--batch-size", "8", "--accum-steps", "2"], 2,
+                env={"COUNT_SCRIPT": str(copies / "ddp_amp_accum.py"), "COUNT_DIR": str(counts)})
+    for rank in (0, 1):
+        assert json.loads((counts / f"rank{rank}.json").read_text())["reductions"] == 16
+    assert max_weight_difference(weights(one), weights(accum)) <= WEIGHT_ATOL
+
+
+def test_sharded_validation_equals_a_one_process_evaluation(copies, runs):
+    out_dir = run(copies, runs, "seam_full_w2", "ddp_full.py", ["--batch-size", "16"], 2)
+    spec = importlib.util.spec_from_file_location("seam_copy", copies / "ddp_full.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    tokens, targets = module.make_sequences(101, 2).tensors
+    model = module.BagOfTokens(1)
+    model.load_state_dict(weights(out_dir))
+    with torch.no_grad():
+        predictions = model(tokens).double()
+    last = metrics(out_dir)[-1]
+    assert last["val_samples"] == 101
+    assert last["val_loss"] == pytest.approx(((predictions - targets) ** 2).mean().item(), rel=VAL_LOSS_RTOL)
+    assert last["val_mae"] == pytest.approx((predictions - targets).abs().mean().item(), rel=VAL_LOSS_RTOL)
+
+
+def test_stopped_and_resumed_run_is_bitwise_a_straight_one(copies, runs, tmp_path):
+    straight = run(copies, runs, "seam_full_w2", "ddp_full.py", ["--batch-size", "16"], 2)
+    stopped = [*ARGS, "--batch-size", "16", "--out-dir", str(tmp_path)]
+    assert "stopped after --max-steps 5" in check(launch(str(copies / "ddp_full.py"), [*stopped, "--max-steps", "5"],
+                                                         nproc=2)).stdout
+    resumed = check(launch(str(copies / "ddp_full.py"), stopped, nproc=2))
+    assert "step_000000005.pt: epoch 1, step 5" in resumed.stdout
+    assert_bitwise_equal(straight, tmp_path)

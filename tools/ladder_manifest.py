@@ -1,0 +1,191 @@
+"""What each step of the ladder changes, and which concept each change serves.
+
+Read by the diff guard (tests/test_ladder_diffs.py), which fails when the scripts and this file
+disagree, and by tools/make_diffs.py, which writes a guided page per step from it.
+
+For each step (the later script of a pair):
+  concepts    the concepts the step teaches, in teaching order: (key, title, why it matters)
+  regions     every region (tools/ladder.py) the step changes or adds, with the concept it serves:
+              a key, or for a region that serves several, (marker, key) pairs -- each change of
+              the region goes to the first pair whose marker is in its changed lines
+  removed     regions the step removes, with their concept
+  flags_added the new command-line flags
+  diff_size   (lines added, lines removed) of the whole diff, as `diff -u` counts them
+The key "top" collects the docstring and imports, shown once before the concepts.
+"""
+
+TOP = ("top", "The top of the file", "The docstring and the imports: what the step is for, how "
+       "to launch it, and what it newly needs from torch and the standard library.")
+
+MANIFEST = {
+    "dataparallel.py": {
+        "concepts": [
+            ("dataparallel", "nn.DataParallel, and why not",
+             "One line wraps the model and splits each batch across all visible GPUs, in one "
+             "process. The docstring says why that does not scale; the loader drops a short last "
+             "batch, since a chunk of one sample fails in BatchNorm."),
+        ],
+        "regions": {"docstring": "dataparallel", "build_loaders": "dataparallel", "train": "dataparallel"},
+        "removed": {},
+        "flags_added": set(),
+        "diff_size": (28, 7),
+    },
+    "ddp_basic.py": {
+        "concepts": [
+            TOP,
+            ("group", "Processes and the process group",
+             "torchrun starts one process per device. Each reads its rank from the environment, "
+             "drives one GPU (set_device) and joins the process group with a timeout; each leaves "
+             "it cleanly, the DDP model released first."),
+            ("shard", "Every process reads its own shard",
+             "DistributedSampler gives each process every world_size-th sample of one shared "
+             "shuffle, so together they read what one process would. set_epoch makes every epoch "
+             "shuffle anew."),
+            ("ddp", "DDP averages the gradients",
+             "Wrapped in DDP, every copy of the model starts from rank 0's weights and gets the "
+             "average gradient in backward, so all copies take the same step. The global batch is "
+             "the per-process batch times the world size."),
+            ("rank0", "Rank 0 speaks, writes and validates",
+             "Every process runs every line; only rank 0 prints, writes files and validates, "
+             "through model.module. A bad input found on rank 0 reaches the others through a "
+             "collective, so none waits for a peer that has exited."),
+        ],
+        "regions": {
+            "docstring": "top",
+            "imports": "top",
+            "parse_args": "group",
+            "check_args": "group",
+            "log": "rank0",
+            "setup_distributed": "group",
+            "rank0_only": "rank0",
+            "rank0_first": "rank0",
+            "cleanup_distributed": "group",
+            "build_loaders": "shard",
+            "train_one_epoch": [("dist.all_reduce", "ddp"), ("get_world_size", "rank0"), ("Rank 0", "rank0"),
+                                ("all processes", "ddp")],
+            "train": [("setup_distributed", "group"), ("process group", "group"),
+                      ("rank0_first", "rank0"), ("len(train_set) < world_size", "shard"),
+                      ("build_loaders(args, train_set, val_set, device, rank", "shard"),
+                      ("set_epoch", "shard"), ("DDP(model", "ddp"), ("nn.DataParallel", "ddp"),
+                      ("global batch", "ddp"), ("set_seed(args.seed + rank)", "ddp"),
+                      ("model.module", "rank0"), ("Rank 0", "rank0"), ("if rank == 0", "rank0")],
+            "main": [("RANK", "rank0"), ("cleanup_distributed", "group")],
+        },
+        "removed": {"get_device": "group"},
+        "flags_added": {"--backend", "--local-rank", "--timeout-min"},
+        "diff_size": (156, 51),
+    },
+    "ddp_amp_accum.py": {
+        "concepts": [
+            TOP,
+            ("amp", "Mixed precision",
+             "torch.autocast runs matmuls and convolutions in bf16 or fp16 and keeps the weights in "
+             "float32. fp16's small range needs a GradScaler, which scales the loss up before "
+             "backward and the gradients down before the step; bf16 needs none."),
+            ("accum", "Gradient accumulation with no_sync",
+             "K micro-batches make one optimizer step, their gradients summed. DDP decides in the "
+             "forward whether the backward all-reduces, so no_sync covers the forward and backward "
+             "of all but the last micro-batch of a group: one all-reduce per step, not K."),
+            ("clip", "Clipping the true gradients",
+             "Clipping limits the global gradient norm. With fp16 the gradients are still scaled "
+             "after backward: unscale_ divides the scale out first, once per step, so the clip "
+             "sees the gradients the step will use."),
+        ],
+        "regions": {
+            "docstring": "top",
+            "imports": [("contextlib", "accum"), ("math", "accum")],
+            "AMP_DTYPES": "amp",
+            "autocast": "amp",
+            "parse_args": [("--amp", "amp"), ("--accum-steps", "accum"), ("--clip-grad-norm", "clip")],
+            "check_args": [("accum_steps", "accum"), ("clip_grad_norm", "clip")],
+            "train_one_epoch": [("clip_grad_norm", "clip"), ("accum_steps", "accum"),
+                                ("num_batches", "accum"), ("group", "accum"),
+                                ("sync_context", "accum"), ("scaler", "amp"), ("zero_grad", "amp")],
+            "evaluate": "amp",
+            "train": [("GradScaler", "amp"), ("global batch", "accum"), ("scaler, device", "amp")],
+        },
+        "removed": {},
+        "flags_added": {"--amp", "--accum-steps", "--clip-grad-norm"},
+        "diff_size": (62, 17),
+    },
+    "ddp_full.py": {
+        "concepts": [
+            TOP,
+            ("validation", "Exact validation on every process",
+             "Each process scores an unpadded shard (DistributedSampler would repeat samples) with "
+             "rank 0's BatchNorm statistics, and one all-reduce of sums and counts after the loop "
+             "gives the whole set's metrics: the saved model's, exactly, in 1/N of the time."),
+            ("checkpoint", "Checkpoints of everything",
+             "A TrainState holds where the run stands as of its last optimizer step. Rank 0 "
+             "gathers each process's random states and partial sums and writes model, optimizer, "
+             "scaler and state to a temporary file, then renames it: a reader never sees half."),
+            ("resume", "Exact resume, agreed by every process",
+             "Every process finds the newest readable checkpoint, and one collective makes sure "
+             "all found the same. It restores every state, on the CPU first, and skips the samples "
+             "the epoch consumed: the run ends bitwise as if never stopped."),
+            ("stop", "Stopping early: preemption and --max-steps",
+             "SIGTERM sets a flag that all processes all-reduce after every batch, in training and "
+             "in validation, so all raise Stop at the same batch; train() writes a checkpoint and "
+             "exits 75, requeue me. --max-steps stops the same way."),
+            ("syncbn", "SyncBatchNorm",
+             "--sync-bn normalises with statistics of the global batch, all-reduced in every "
+             "forward: worth it for small per-GPU batches. It needs CUDA."),
+            ("buckets", "DDP's bucket settings",
+             "Gradients travel in buckets, all-reduced as backward fills them. Bigger buckets and "
+             "gradients kept in them change how they travel, not what is averaged; bench/ shows "
+             "where they pay."),
+        ],
+        "regions": {
+            "docstring": "top",
+            "imports": [("dataclasses", "checkpoint"), ("itertools", "resume"), ("pickle", "resume"),
+                        ("import re", "checkpoint"), ("signal", "stop"), ("Sampler", "validation")],
+            "RESUME_MAY_CHANGE": "resume",
+            "CHECKPOINT_NAME": "checkpoint",
+            "EXIT_REQUEUE": "stop",
+            "RESUME_MAY_CHANGE_TASK": "resume",
+            "parse_args": [("--resume", "resume"), ("--ckpt", "checkpoint"), ("--keep-last", "checkpoint"),
+                           ("--max-steps", "stop"), ("--sync-bn", "syncbn"), ("bucket", "buckets")],
+            "check_args": [("keep_last", "checkpoint"), ("ckpt_steps", "checkpoint"),
+                           ('f"got {getattr(args, name)}")', "checkpoint"),
+                           ("bucket_cap_mb", "buckets"), ("resume", "resume")],
+            "Stop": "stop",
+            "Preemption": "stop",
+            "ResumableDistributedSampler": "resume",
+            "ShardSampler": "validation",
+            "build_loaders": [("ShardSampler", "validation"), ("Resumable", "resume"),
+                              ("# --- data loading", "resume")],
+            "train_one_epoch": [("preemption", "stop"), ("check_max_steps", "stop"),
+                                ("epoch_totals", "validation"), ("state.rng", "checkpoint"),
+                                ("state.step_in_epoch, state.global_step", "checkpoint"),
+                                ("start_seconds + elapsed", "checkpoint"), ("state", "resume"),
+                                ("loader.sampler.num_samples", "resume"), ("first_step", "resume"),
+                                ("if last_in_group:", "stop"),
+                                ("elapsed = time.perf_counter() - start", "checkpoint")],
+            "check_max_steps": "stop",
+            "evaluate": [("preemption", "stop"), ("batches = iter", "stop"), ("shorter one", "stop"),
+                         ("", "validation")],
+            "TrainState": "checkpoint",
+            "SHARED_STATE": "checkpoint",
+            "PER_PROCESS_STATE": "checkpoint",
+            "rng_state": "checkpoint",
+            "set_rng_state": "resume",
+            "save_checkpoint": "checkpoint",
+            "list_checkpoints": "checkpoint",
+            "load_checkpoint": "resume",
+            "find_checkpoint": "resume",
+            "agree_on_checkpoint": "resume",
+            "restore": "resume",
+            "train": [("try:", "stop"), ("sync_bn", "syncbn"), ("bucket", "buckets"), ("Stop", "stop"),
+                      ("preemption", "stop"), ("checkpoint_path", "resume"),
+                      ("set_start", "resume"), ("nothing to train", "resume"), ("history", "resume"),
+                      ("state.epoch = epoch", "resume"), ("save_checkpoint", "checkpoint"),
+                      ("TrainState", "checkpoint"), ("state.", "checkpoint"),
+                      ("evaluate", "validation"), ("return 0", "stop"), ("if rank == 0:", "resume")],
+            "main": "stop",
+        },
+        "removed": {},
+        "flags_added": {"--resume", "--ckpt-steps", "--ckpt-epochs", "--keep-last", "--max-steps",
+                        "--sync-bn", "--bucket-cap-mb", "--gradient-as-bucket-view"},
+        "diff_size": (425, 68),
+    },
+}
