@@ -49,16 +49,16 @@ def add_task_arguments(parser):
                         help="likewise for validation "
                              f"(default: {SYNTHETIC_DEFAULTS['val']} synthetic, all real)")
     parser.add_argument("--image-size", type=int, default=32,
-                        help="side of the images of --data imagefolder; random training crops "
-                             "keep 8-100%% of an image from 128 px up (ImageNet's recipe), "
-                             "35-100%% below")
+                        help="side of the synthetic images, and of imagefolder's, whose random "
+                             "training crops keep 8-100%% of an image from 128 px up (ImageNet's "
+                             "recipe), 35-100%% below")
     parser.add_argument("--model", default="cnn",
                         help="cnn (small, no batch statistics) or any torchvision classification "
                              "model by name: resnet18, resnet50, convnext_tiny, vit_b_16, ...")
 
 
-def make_synthetic(num_samples, seed, split):
-    """Images of 3x32x32 in 10 classes, a pure function of (num_samples, seed, split).
+def make_synthetic(num_samples, seed, split, size=32):
+    """Images of 3 x size x size in 10 classes, a pure function of its arguments.
 
     Each class is a smooth colour pattern drawn from `seed`; a sample is its class pattern under
     strong noise, so a model has to learn (accuracy starts at chance) but can (it rises well above).
@@ -66,10 +66,10 @@ def make_synthetic(num_samples, seed, split):
     """
     patterns = torch.randn(NUM_SYNTHETIC_CLASSES, 3, 4, 4,
                            generator=torch.Generator().manual_seed(seed))
-    patterns = F.interpolate(patterns, size=(32, 32), mode="bilinear", align_corners=False)
+    patterns = F.interpolate(patterns, size=(size, size), mode="bilinear", align_corners=False)
     generator = torch.Generator().manual_seed(seed * 2 + {"train": 1, "val": 2}[split])
     labels = torch.randint(NUM_SYNTHETIC_CLASSES, (num_samples,), generator=generator)
-    noise = torch.randn(num_samples, 3, 32, 32, generator=generator)
+    noise = torch.randn(num_samples, 3, size, size, generator=generator)
     images = 0.4 * patterns[labels] + noise
     return TensorDataset(images, labels)
 
@@ -81,8 +81,9 @@ def build_datasets(args):
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
     if args.data == "synthetic":
         train_set = make_synthetic(args.train_samples or SYNTHETIC_DEFAULTS["train"], args.seed,
-                                   "train")
-        val_set = make_synthetic(args.val_samples or SYNTHETIC_DEFAULTS["val"], args.seed, "val")
+                                   "train", args.image_size)
+        val_set = make_synthetic(args.val_samples or SYNTHETIC_DEFAULTS["val"], args.seed, "val",
+                                 args.image_size)
         return train_set, val_set, NUM_SYNTHETIC_CLASSES
     import torchvision.datasets as datasets
     import torchvision.transforms as T
@@ -221,16 +222,22 @@ def parse_args(argv=None):
     return args
 
 
+# The least value of each numeric setting (None, a default decided later, is not checked), and the
+# settings that must be positive.
+AT_LEAST = {"epochs": 1, "batch_size": 1, "log_interval": 1, "workers": 0}
+POSITIVE = ("lr",)
+
+
 def check_args(args):
     """Reject settings that cannot work before any process does any work."""
-    for name in ("epochs", "batch_size", "log_interval"):
-        if getattr(args, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, "
-                              f"got {getattr(args, name)}")
-    if args.workers is not None and args.workers < 0:
-        raise ConfigError(f"--workers must be 0 or more, got {args.workers}")
-    if args.lr <= 0:
-        raise ConfigError(f"--lr must be positive, got {args.lr}")
+    for name, least in AT_LEAST.items():
+        value = getattr(args, name)
+        if value is not None and value < least:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least {least}, got {value}")
+    for name in POSITIVE:
+        value = getattr(args, name)
+        if value <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
 
 
 def set_seed(seed):
@@ -452,8 +459,9 @@ def train(args):
         write_metrics(metrics_path, record)
         log_epoch(record, args.epochs)
 
+    save_start = time.perf_counter()
     atomic_save(model.state_dict(), out_dir / "model.pt")
-    log(f"saved {out_dir / 'model.pt'}")
+    log(f"saved {out_dir / 'model.pt'} in {time.perf_counter() - save_start:.2f} s")
 
 
 def main(argv=None):

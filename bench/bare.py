@@ -39,7 +39,14 @@ def main():
                              "a 47 MB set trains 20%% slower than a 20 MB one (the cache), whatever the loop")
     parser.add_argument("--naive", action="store_true", help="accumulate without no_sync")
     parser.add_argument("--workers", type=int, default=0)
-    parser.add_argument("--model", choices=["cnn", "resnet18", "resnet50"], default="cnn")
+    parser.add_argument("--model", default="cnn", help="cnn or a torchvision model by name (default: cnn)")
+    parser.add_argument("--amp", choices=["none", "bf16"], default="none", help="autocast (default: none)")
+    parser.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=True,
+                        help="CUDA: TF32 matmuls and convolutions, as the scripts' default (default: on)")
+    parser.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction, default=True,
+                        help="CUDA: cudnn.benchmark, as the scripts' default (default: on)")
+    parser.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=True,
+                        help="model and inputs channels-last, as the scripts' default (default: on)")
     parser.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP bucket size (default: 25, DDP's)")
     parser.add_argument("--gradient-as-bucket-view", action="store_true", help="DDP: gradients are views into buckets")
     parser.add_argument("--static-graph", action="store_true", help="DDP: the graph is the same every step")
@@ -54,11 +61,15 @@ def main():
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else torch.device("cpu")
     torch.manual_seed(0)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
     if args.model == "cnn":
         model = SmallCNN(10).to(device)
     else:
         import torchvision
-        model = getattr(torchvision.models, args.model)(num_classes=10).to(device)
+        model = torchvision.models.get_model(args.model, num_classes=10).to(device)
+    layout = torch.channels_last if args.channels_last else torch.contiguous_format
+    model = model.to(memory_format=layout)
     counts = {"reductions": 0, "bytes": 0}
     if args.mode == "ddp":
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
@@ -83,6 +94,7 @@ def main():
     micro = args.steps * args.accum_steps + args.warmup * args.accum_steps
     if args.image_size:  # data already on the device: measures the model, not the input pipeline
         images = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=device)
+        images = images.to(memory_format=layout)
         labels = torch.randint(10, (args.batch_size,), device=device)
         loader = [(images, labels)] * micro
     else:
@@ -105,12 +117,14 @@ def main():
             except StopIteration:  # the next epoch, as the scripts start one
                 iterator = iter(loader)
                 images, labels = next(iterator)
-            images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+            images = images.to(device, non_blocking=True, memory_format=layout)
+            labels = labels.to(device, non_blocking=True)
             t1 = time.perf_counter()
             last = k == args.accum_steps - 1
             sync = contextlib.nullcontext() if (last or args.naive or args.mode != "ddp") else model.no_sync()
             with sync:
-                loss = F.cross_entropy(model(images), labels) / args.accum_steps
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp == "bf16"):
+                    loss = F.cross_entropy(model(images), labels) / args.accum_steps
                 loss.backward()
             wait += t1 - t0
             compute += time.perf_counter() - t1

@@ -18,6 +18,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,8 +74,11 @@ def main(argv=None):
     parser.add_argument("--settings-rounds", type=int, default=2,
                         help="rounds of the DDP-settings and communication measurements, which run resnet18 "
                              "and are slow (default: 2)")
-    parser.add_argument("--sections", default="overhead,scaling,settings,communication,data,curves",
-                        help="which sections to run (default: all six)")
+    parser.add_argument("--sections",
+                        default="profile,peers,overhead,scaling,settings,communication,layout,data,curves",
+                        help="which sections to run (default: all nine)")
+    parser.add_argument("--whole-pairs", type=int, default=8,
+                        help="interleaved rounds of the whole-run profile and the peer comparison (default: 8)")
     parser.add_argument("--scripts", default=",".join(SCRIPTS), help="scripts for the overhead section (default: all)")
     args = parser.parse_args(argv)
     sections = set(args.sections.split(","))
@@ -103,6 +108,12 @@ def main(argv=None):
              "one ratio fall on both sides of 1.0 (or of each other), the medians are a tie at this machine's "
              "noise, not a difference.", ""]
 
+    if args.quick:  # the whole runs' settings, small enough for the smoke test
+        WHOLE[:] = ["--model", "cnn", "--train-samples", "256", "--val-samples", "64", "--epochs", "1"]
+    if "profile" in sections:
+        lines += profile_section(args, 1 if args.quick else args.whole_pairs)
+    if "peers" in sections:
+        lines += peers_section(args, 1 if args.quick else args.whole_pairs)
     # 1. Overhead: each script against the bare loop, one process, interleaved A B A B.
     if "overhead" in sections:
         lines += overhead_section(args, timing, pairs, common, full_only)
@@ -112,6 +123,8 @@ def main(argv=None):
         lines += settings_section(args, 1 if args.quick else args.settings_rounds)
     if "communication" in sections:
         lines += communication_section(args, batch, steps, 1 if args.quick else args.settings_rounds)
+    if "layout" in sections:
+        lines += layout_section(args, 1 if args.quick else args.settings_rounds)
     if "data" in sections:
         lines += data_section(batch, steps)
     curves = {}
@@ -120,6 +133,162 @@ def main(argv=None):
     (out / "results.md").write_text("\n".join(lines) + "\n")
     plot(out, scaling, worlds, curves)
     print(f"wrote {out / 'results.md'}")
+
+
+
+# --- whole runs: where the time of a run goes, phase by phase -------------------------------------
+
+def timed_run(cmd, out_dir):
+    """Run a whole program; return its wall time, the arrival time of each stdout line (relative to
+    the launch) and the lines. Lines are timed as they arrive, so rank 0 must print unbuffered."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", PYTHONUNBUFFERED="1")
+    start = time.perf_counter()
+    process = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stderr = []
+    reader = threading.Thread(target=lambda: stderr.append(process.stderr.read()))
+    reader.start()
+    arrivals = [(time.perf_counter() - start, line.rstrip("\n")) for line in process.stdout]
+    process.wait()
+    wall = time.perf_counter() - start
+    reader.join()
+    if process.returncode != 0:
+        raise SystemExit(f"benchmark run failed: {' '.join(cmd)}\n{stderr[0][-3000:]}")
+    return wall, arrivals
+
+
+def phases(wall, arrivals, out_dir):
+    """Seconds of start-up (launch to the "global batch" line, printed just before the first step),
+    training steps, validation, writes (checkpoints and model.pt), teardown (the last line to the
+    process's exit) and the rest (bookkeeping between them)."""
+    ready = next(t for t, line in arrivals if "global batch" in line)
+    whole = [json.loads(line[6:]) for _, line in arrivals if line.startswith("WHOLE ")]
+    if whole:  # bench/whole_run.py reports its own phases
+        train, val, write = whole[0]["train"], whole[0]["val"], whole[0]["write"]
+        checkpoints = 0.0
+    else:
+        records = [json.loads(line) for line in Path(out_dir, "metrics.jsonl").read_text().splitlines()]
+        train = sum(r["train_seconds"] for r in records)
+        val = sum(r["val_seconds"] for r in records)
+        checkpoints = sum(float(m.group(1)) for _, line in arrivals if (m := re.match(r"checkpoint .* in ([\d.]+) s", line)))
+        write = checkpoints + sum(float(m.group(1)) for _, line in arrivals
+                                  if (m := re.match(r"saved .* in ([\d.]+) s", line)))
+    teardown = wall - arrivals[-1][0]
+    result = {"start-up": ready, "steps": train, "validation": val, "writes": write, "teardown": teardown}
+    result["other"] = wall - sum(result.values())
+    result["wall"], result["checkpoints"] = wall, checkpoints
+    return result
+
+
+WHOLE = ["--model", "resnet18", "--train-samples", "1024", "--val-samples", "256", "--epochs", "1"]
+
+
+def whole_command(program, nproc, batch, extra=()):
+    launch = [sys.executable] if nproc is None else \
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    script = ["bench/whole_run.py", "--framework", program] if program in ("bare", "accelerate", "fabric") else [program]
+    return [*launch, *script, *WHOLE, "--batch-size", str(batch), "--workers", "0", *extra]
+
+
+def profile_section(args, rounds):
+    """Every script's whole run against bench/whole_run.py's bare run of the same work, phase by phase."""
+    lines = ["## Whole runs, phase by phase", "",
+             f"A short run of each script beside a bare run of the same work ({' '.join(WHOLE[1:2])}, "
+             f"{WHOLE[3]} training and {WHOLE[5]} validation samples, one epoch, batch 32 per process; "
+             "the DDP scripts on 2 processes under torchrun, single_gpu.py and dataparallel.py in one process "
+             "with batch 64): `bench/whole_run.py --framework bare`, a plain DDP loop with the same data, "
+             "model, optimizer and shuffle that validates the same set and writes model.pt, and nothing else. "
+             f"Medians of {rounds} interleaved rounds (script, bare, script, bare, ...), seconds. Start-up runs "
+             "from the launch to the line printed just before the first step; teardown from the last line "
+             "to the exit; writes are model.pt and, for ddp_full.py, its checkpoint, which the last column "
+             "leaves out: the bare run writes none.", "",
+             "| program | start-up | steps | validation | writes | teardown | other | whole run | "
+             "whole / bare (rounds) | whole without checkpoints / bare |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    keys = ["start-up", "steps", "validation", "writes", "teardown", "other", "wall"]
+    for name in args.scripts.split(","):
+        ddp = name.startswith("ddp_")
+        nproc, batch = (2, 32) if ddp else (None, 64)
+        measured = {"script": [], "bare": []}
+        extra = ["--resume", "none"] if name == "ddp_full.py" else []
+        for _ in range(rounds):
+            for label, program, more in (("script", name, extra), ("bare", "bare", [])):
+                with tempfile.TemporaryDirectory() as out:
+                    wall, arrivals = timed_run(whole_command(program, nproc, batch, [*more, "--out-dir", out]), out)
+                    measured[label].append(phases(wall, arrivals, out))
+        ratios = [s["wall"] / b["wall"] for s, b in zip(measured["script"], measured["bare"])]
+        lean = [(s["wall"] - s["checkpoints"]) / b["wall"] for s, b in zip(measured["script"], measured["bare"])]
+        for label in ("script", "bare"):
+            cells = [f"{statistics.median(r[k] for r in measured[label]):.2f}" for k in keys]
+            title = name if label == "script" else f"bare ({'2 processes' if ddp else '1 process'})"
+            tail = (f"{statistics.median(ratios):.3f} ({', '.join(f'{r:.2f}' for r in ratios)}) | "
+                    f"{statistics.median(lean):.3f} ({min(lean):.2f}-{max(lean):.2f})") if label == "script" else " | "
+            lines.append(f"| {title} | " + " | ".join(cells) + f" | {tail} |")
+        print(f"profile {name}: whole / bare {statistics.median(ratios):.3f}, without checkpoints "
+              f"{statistics.median(lean):.3f}", flush=True)
+    return lines
+
+
+def peers_section(args, rounds):
+    """ddp_full.py's whole process beside the same training written with the peers."""
+    programs = ["ddp_full.py", "bare", "accelerate", "fabric"]
+    available = [p for p in programs if p not in ("accelerate", "fabric") or __import__("importlib").util.find_spec(
+        {"accelerate": "accelerate", "fabric": "lightning_fabric"}[p])]
+    if args.quick:
+        available = available[:2]
+    walls = {p: [] for p in available}
+    for _ in range(rounds):
+        for program in available:
+            extra = ["--resume", "none"] if program == "ddp_full.py" else []
+            with tempfile.TemporaryDirectory() as out:
+                walls[program].append(timed_run(whole_command(program, 2, 32, [*extra, "--out-dir", out]), out)[0])
+    lines = ["", "## The same run with the peers (2 processes)", "",
+             f"Whole-process wall time of the run above ({WHOLE[1]}, 2 processes x batch 32, one epoch) "
+             "with ddp_full.py, the bare DDP loop, Hugging Face Accelerate and Lightning Fabric "
+             "(`bench/whole_run.py`, the same data, model, optimizer and steps, each validating the same set "
+             f"and writing model.pt), all under torchrun; medians of {rounds} rounds, each round running every "
+             "program once. ddp_full.py also writes a checkpoint and checks its inputs.", "",
+             "| program | version | whole run, s | rounds | ddp_full.py / this |", "| --- | --- | --- | --- | --- |"]
+    versions = {"ddp_full.py": "", "bare": "", "accelerate": "", "fabric": ""}
+    for program, module in (("accelerate", "accelerate"), ("fabric", "lightning_fabric")):
+        if program in available:
+            versions[program] = __import__(module).__version__
+    full = walls["ddp_full.py"]
+    for program in available:
+        ratio = [a / b for a, b in zip(full, walls[program])]
+        lines.append(f"| {program} | {versions[program]} | {statistics.median(walls[program]):.2f} | "
+                     f"{', '.join(f'{w:.2f}' for w in walls[program])} | {statistics.median(ratio):.3f} "
+                     f"({min(ratio):.2f}-{max(ratio):.2f}) |")
+        print(f"peers {program}: {statistics.median(walls[program]):.2f} s", flush=True)
+    missing = set(programs) - set(available)
+    if missing and not args.quick:
+        lines += ["", f"Not installed, so not measured: {', '.join(sorted(missing))} "
+                      "(`pip install -r requirements-bench.txt`)."]
+    return lines
+
+
+LAYOUT_MODELS = ["cnn", "resnet18", "resnet50", "mobilenet_v3_small", "convnext_tiny"]
+
+
+def layout_section(args, rounds):
+    """channels_last against PyTorch's default layout for each model, training steps, one process."""
+    models = LAYOUT_MODELS[:1] if args.quick else LAYOUT_MODELS
+    lines = ["", "## Memory layout: channels-last against the default (1 process, training steps)", "",
+             "Samples/s of the bare loop (`bench/bare.py`, 32x32 inputs, batch 32) with model and inputs "
+             f"channels-last, over the same with PyTorch's default layout: medians of {rounds} rounds, each "
+             "round measuring both. The scripts default to channels-last (`--no-channels-last` turns it off).",
+             "", "| model | channels-last / default | rounds |", "| --- | --- | --- |"]
+    for model in models:
+        steps = 24 if model == "cnn" else 6
+        ratios = []
+        for _ in range(rounds):
+            rates = {}
+            for layout in ("--channels-last", "--no-channels-last"):
+                rates[layout] = bare("plain", model=model, batch_size=32, steps=steps, warmup=2,
+                                     image_size=32, **{layout[2:].replace("-", "_"): True})["samples_per_sec"]
+            ratios.append(rates["--channels-last"] / rates["--no-channels-last"])
+        lines.append(f"| {model} | {statistics.median(ratios):.2f}x | {', '.join(f'{r:.2f}' for r in ratios)} |")
+        print(f"layout {model}: {statistics.median(ratios):.2f}x", flush=True)
+    return lines
 
 
 def overhead_section(args, timing, pairs, common, full_only):

@@ -15,14 +15,16 @@ SCRIPTS = ["single_gpu.py", "dataparallel.py", "ddp_basic.py", "ddp_amp_accum.py
 
 
 def test_benchmark_quick_run_writes_a_results_table(tmp_path):
-    result = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--quick", "--sections", "overhead",
-                             "--scripts", "single_gpu.py", "--out", str(tmp_path)],
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--quick", "--sections",
+                             "overhead,profile", "--scripts", "single_gpu.py", "--out", str(tmp_path)],
                             cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
-    table = (tmp_path / "results.md").read_text()
-    assert "| single_gpu.py |" in table
-    ratio = float(table.split("| single_gpu.py |")[1].split("|")[1])
+    text = (tmp_path / "results.md").read_text()
+    profile, overhead = text.split("## Whole runs, phase by phase")[1].split("## 1. Overhead")
+    ratio = float(overhead.split("| single_gpu.py |")[1].split("|")[1])
     assert ratio > 0  # a measured number, not a placeholder; its size is the benchmark's business
+    phases = [float(cell) for cell in profile.split("| single_gpu.py |")[1].split("|")[:7]]
+    assert all(seconds >= -0.05 for seconds in phases) and phases[-1] > 0  # seconds of each phase, whole run
 
 
 def test_gpu_check_runs_every_script_with_flags_it_accepts(tmp_path):

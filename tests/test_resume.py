@@ -85,3 +85,13 @@ def test_checkpoint_holds_the_unwrapped_model_and_everything_resume_needs(runs):
     assert len(checkpoint["rank_states"]) == 2
     final = weights(reference)
     assert all(torch.equal(final[k], checkpoint["model"][k]) for k in final)
+
+
+def test_a_finished_run_started_again_says_so_and_trains_nothing(runs, tmp_path):
+    # The Quickstart command run a second time: the newest checkpoint is the last epoch's.
+    import shutil
+
+    shutil.copytree(runs.get("full_w2", "ddp_full.py", ARGS, nproc=2), tmp_path / "run")
+    result = run_full(tmp_path / "run", *ARGS)
+    assert "nothing to train: the run already completed 2 epochs; raise --epochs to train longer" in result.stdout
+    assert "train_loss" not in result.stdout and "step_000000024.pt: epoch 3, step 0" in result.stdout
