@@ -14,6 +14,7 @@ from conftest import ROOT
 SCRIPTS = ["single_gpu.py", "dataparallel.py", "ddp_basic.py", "ddp_amp_accum.py", "ddp_full.py"]
 
 
+@pytest.mark.slow
 def test_benchmark_quick_run_writes_a_results_table(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--quick", "--sections",
                              "overhead,profile", "--scripts", "single_gpu.py", "--out", str(tmp_path)],

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from conftest import LAUNCH_TIMEOUT, ROOT, TINY, base_env, check, command, launch, metrics, weights
@@ -70,6 +71,7 @@ def test_readme_restart_command_carries_the_reliable_restart_setting():
     assert "--max-restarts=" in restart and restart.endswith("ddp_full.py")
 
 
+@pytest.mark.slow
 def test_killed_worker_is_restarted_and_the_run_ends_bitwise_as_if_never_killed(runs, tmp_path):
     reference = runs.get("full_long_w2", "ddp_full.py", LONG[len(TINY):], nproc=2)
     out_dir = tmp_path / "crash"
@@ -92,6 +94,7 @@ def test_killed_worker_is_restarted_and_the_run_ends_bitwise_as_if_never_killed(
     assert kept == ["step_000000050.pt", "step_000000060.pt", "step_000000064.pt"], kept
 
 
+@pytest.mark.slow
 def test_sigterm_through_torchrun_checkpoints_at_an_agreed_step_and_resume_is_bitwise(runs, tmp_path):
     reference = runs.get("full_long_w2", "ddp_full.py", LONG[len(TINY):], nproc=2)
     out_dir = tmp_path / "preempted"
@@ -137,6 +140,7 @@ def free_port():
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_two_nodes_of_two_processes_train_as_one_node_of_four_and_only_global_rank_0_writes(runs, tmp_path):
     one_node = runs.get("basic_w4", "ddp_basic.py", ["--batch-size", "4"], nproc=4)
     port, processes = free_port(), []
@@ -158,6 +162,7 @@ def test_two_nodes_of_two_processes_train_as_one_node_of_four_and_only_global_ra
         assert abs(a["val_loss"] - b["val_loss"]) <= 1e-5 * a["val_loss"] and a["val_samples"] == b["val_samples"]
 
 
+@pytest.mark.slow
 def test_two_identical_runs_are_bitwise_identical_even_through_the_legacy_launcher(runs, tmp_path):
     # The second run goes through torch.distributed.launch (deprecated, still shipped), which appends
     # --local-rank=N to the script's arguments: a script that did not accept it would stop at argparse.

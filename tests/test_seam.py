@@ -26,6 +26,8 @@ from test_validation import VAL_LOSS_RTOL
 sys.path.insert(0, str(ROOT / "tools"))
 import ladder  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the second tier: python -m pytest -n 2 -m slow tests
+
 SEAM = '''
 # --- your data and model ------------------------------------------------------------------------
 # A task of the test's own: the mean weight of a sequence's tokens, learnt by a bag of embeddings.
