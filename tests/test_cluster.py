@@ -194,13 +194,14 @@ IN_VALIDATION = ["--batch-size", "8", "--val-samples", "97"]
 
 
 def test_sigterm_during_validation_stops_within_a_batch_and_resume_is_bitwise(runs, tmp_path):
-    # SIGTERM reaches rank 0 as it scores its 7th and last validation batch of epoch 1, a round in
-    # which rank 1 scores nothing. Acted on at once, the run checkpoints with epoch 1 trained and
-    # its validation still to come; acted on only at the epoch's end, it would first finish
-    # validation and write epoch 1's metrics.
+    # SIGTERM reaches rank 0 as it loads its 6th validation batch of epoch 1 (of 7; rank 1 has 6).
+    # Every process reads the flag of a batch after the next one, so all stop together after the
+    # 7th round, in which rank 1 scores nothing: the run checkpoints with epoch 1 trained and its
+    # validation still to come. Acted on only at the epoch's end, it would first finish validation
+    # and write epoch 1's metrics.
     reference = runs.get("full_val97_w2", "ddp_full.py", IN_VALIDATION, nproc=2)
     stopped = launch("tests/sigterm_in_validation.py", [*TINY, *IN_VALIDATION, "--out-dir", str(tmp_path)],
-                     nproc=2, env={"SIGTERM_RANK": "0", "SIGTERM_AT_SAMPLE": "48"})
+                     nproc=2, env={"SIGTERM_RANK": "0", "SIGTERM_AT_SAMPLE": "40"})
     # (Its exit status, 75, is tested without torchrun below: here the first process to exit with
     # it makes torchrun stop the other, as it stops a group after any failure.)
     assert "preempted at step 12: checkpoint written" in stopped.stdout, stopped.stdout + stopped.stderr

@@ -41,3 +41,11 @@ def test_ci_runs_the_readme_test_command_verbatim():
     command = ci[ci.index("# README, Quickstart, command 2 (verbatim):") + 2]
     assert command.startswith("python3 -m venv .venv && ")
     assert f"```bash\n{command}\n```" in (ROOT / "README.md").read_text()
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_no_line_is_wider_than_100_columns(script):
+    # Two scripts side by side, as the generated pages show them, fit a laptop screen at 100 columns.
+    wide = [(number, len(line)) for number, line in enumerate((ROOT / script).read_text().splitlines(), 1)
+            if len(line) > 100]
+    assert not wide, wide
