@@ -892,8 +892,10 @@ def train(args):
                           f"every process needs at least one")
     check_model_fits(args, num_outputs, val_set)
     train_loader, val_loader = build_loaders(args, train_set, val_set, device, rank, world_size)
-    # What exists by now lives as long as the process (modules, the data): frozen, the garbage
-    # collector never walks it again, and cleanup_distributed's collection takes no time.
+    # What is alive by now lives as long as the process (modules, the process group, the data):
+    # frozen after a last collection, the garbage collector never walks it again, and collections
+    # from here on -- cleanup_distributed's, the interpreter's at exit -- take milliseconds.
+    gc.collect()
     gc.freeze()
     set_seed(args.seed)
     layout = torch.channels_last if args.channels_last else torch.preserve_format

@@ -74,7 +74,7 @@ MANIFEST = {
         },
         "removed": {"get_device": "group"},
         "flags_added": {"--backend", "--local-rank", "--timeout-min"},
-        "diff_size": (159, 53),
+        "diff_size": (161, 53),
     },
     "ddp_amp_accum.py": {
         "concepts": [
