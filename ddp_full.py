@@ -586,9 +586,8 @@ def train_one_epoch(args, model, loader, optimizer, scaler, device, state, preem
     totals = state.train_totals.clone()
     num_batches = math.ceil(loader.sampler.num_samples / args.batch_size)
     num_steps = math.ceil(num_batches / args.accum_steps)
-    first_step, start_samples, start_seconds = state.step_in_epoch, totals[1].item(), \
-        state.train_seconds
-    start = time.perf_counter()
+    first_step, start_seconds = state.step_in_epoch, state.train_seconds
+    start, start_samples = time.perf_counter(), totals[1].item()
     for batch_index, batch in enumerate(loader, start=first_step * args.accum_steps):
         batch = to_device(batch, device, args.channels_last)
         # Micro-batches form groups of accum_steps; the epoch's last group may be shorter.

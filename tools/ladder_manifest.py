@@ -160,6 +160,7 @@ MANIFEST = {
                                 ("state.step_in_epoch, state.global_step", "checkpoint"),
                                 ("start_seconds + elapsed", "checkpoint"), ("state", "resume"),
                                 ("loader.sampler.num_samples", "resume"), ("first_step", "resume"),
+                                ("start_samples", "resume"),
                                 ("if last_in_group:", "stop"),
                                 ("elapsed = time.perf_counter() - start", "checkpoint")],
             "check_max_steps": "stop",
@@ -187,6 +188,6 @@ MANIFEST = {
         "removed": {},
         "flags_added": {"--resume", "--ckpt-steps", "--ckpt-epochs", "--keep-last", "--max-steps",
                         "--sync-bn", "--bucket-cap-mb", "--gradient-as-bucket-view"},
-        "diff_size": (435, 70),
+        "diff_size": (435, 71),
     },
 }

@@ -220,7 +220,7 @@ PITFALLS = [
         "title": "SIGTERM ignored",
         "mistake": "no handler for SIGTERM, which schedulers send before SIGKILL on preemption",
         "symptom": "the job dies mid-step and loses everything since its last periodic checkpoint",
-        "correct": "a handler that asks for a stop; all ranks agree on the step, checkpoint, and exit 75",
+        "correct": "a handler that asks for a stop; all ranks agree on the batch, checkpoint, and exit 75",
         "fix": [("ddp_full.py", "signal.signal(signal.SIGTERM, self.request)")],
         "guards": ["tests/test_cluster.py::test_sigterm_exits_with_status_75_after_its_checkpoint"],
         "mutation": ("ddp_full.py", "        signal.signal(signal.SIGTERM, self.request)\n", "        pass\n"),
@@ -285,8 +285,9 @@ PITFALLS = [
         "mistake": "checking for SIGTERM only after an optimizer step (or only at the end of an epoch)",
         "symptom": "a SIGTERM during a long validation is acted on after it; torchrun SIGKILLs the workers when "
                    "its grace period (30 s) ends, and the run loses everything since its last checkpoint",
-        "correct": "all processes agree after every batch, in training and in validation (a shorter shard goes "
-                   "round as often as the longest); the checkpoint then resumes with validation",
+        "correct": "all processes all-reduce the flag after every batch, in training and in validation (a shorter "
+                   "shard goes round as often as the longest), reading each result one batch later so none waits; "
+                   "the checkpoint then resumes with validation",
         "fix": [("ddp_full.py", "longest = math.ceil(len(loader.dataset) / dist.get_world_size())")],
         "guards": ["tests/test_cluster.py::test_sigterm_during_validation_stops_within_a_batch_and_resume_is_bitwise"],
         "mutation": ("ddp_full.py", "            totals[-1] += count\n        preemption.check()\n",
