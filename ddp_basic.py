@@ -302,6 +302,10 @@ def setup_distributed(args):
     torchrun sets RANK (this process among all), LOCAL_RANK (among those on this machine) and
     WORLD_SIZE. Without them, as under plain `python`, this process is a world of one.
     """
+    # What exists now, the imported modules, lives as long as the process: frozen, the garbage
+    # collector never walks it again, so cleanup_distributed's collection and the interpreter's at
+    # exit are quick. All made from here on, the process group first, is collected as usual.
+    gc.freeze()
     backend = args.backend
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -535,11 +539,6 @@ def train(args):
                           f"every process needs at least one")
     check_model_fits(args, num_outputs, val_set)
     train_loader, val_loader = build_loaders(args, train_set, val_set, device, rank, world_size)
-    # What is alive by now lives as long as the process (modules, the process group, the data):
-    # frozen after a last collection, the garbage collector never walks it again, and collections
-    # from here on -- cleanup_distributed's, the interpreter's at exit -- take milliseconds.
-    gc.collect()
-    gc.freeze()
     set_seed(args.seed)
     layout = torch.channels_last if args.channels_last else torch.preserve_format
     model = build_model(args, num_outputs).to(device, memory_format=layout)
