@@ -36,11 +36,15 @@ def test_atomic_save_leaves_the_old_file_whole_when_a_write_fails(script, tmp_pa
     assert [p.name for p in tmp_path.iterdir()] == ["model.pt"]  # no temporary file left behind
 
 
-def test_ci_runs_the_readme_test_command_verbatim():
+def test_ci_runs_the_readme_test_commands_verbatim():
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     command = ci[ci.index("# README, Quickstart, command 2 (verbatim):") + 2]
     assert command.startswith("python3 -m venv .venv && ")
     assert f"```bash\n{command}\n```" in (ROOT / "README.md").read_text()
+    second = ci[ci.index("# README, the second tier (verbatim): cluster scenarios, the seam copies, the benchmark's "
+                         "smoke run.") + 1]
+    assert second.endswith("-m slow tests")
+    assert f"```bash\n{second}\n```" in (ROOT / "README.md").read_text()
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
