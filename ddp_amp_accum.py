@@ -92,7 +92,7 @@ def make_synthetic(num_samples, seed, split, size=32):
 
 def build_datasets(args):
     """Return (train_set, val_set, num_outputs); bad data settings are a ConfigError."""
-    for name in ("train_samples", "val_samples"):
+    for name in ("train_samples", "val_samples", "image_size"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
     if args.data == "synthetic":

@@ -116,7 +116,7 @@ def make_synthetic(num_samples, seed, split, size=32):
 
 def build_datasets(args):
     """Return (train_set, val_set, num_outputs); bad data settings are a ConfigError."""
-    for name in ("train_samples", "val_samples"):
+    for name in ("train_samples", "val_samples", "image_size"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
     if args.data == "synthetic":
@@ -978,6 +978,7 @@ def train(args):
             if epoch + 1 == args.epochs or args.ckpt_epochs and (epoch + 1) % args.ckpt_epochs == 0:
                 save_checkpoint(args, model, optimizer, scaler, state)
     except Stop as stop:
+        preemption.close()
         save_checkpoint(args, model, optimizer, scaler, state)
         if str(stop) == "preempted":
             log(f"preempted at step {state.global_step}: checkpoint written; requeue with the "

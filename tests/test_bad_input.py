@@ -211,6 +211,7 @@ def test_a_model_that_does_not_fit_the_images_is_one_clear_error(tmp_path, capsy
     assert "epoch" not in result.stdout
 
 
-def test_train_samples_zero_is_one_clear_error(tmp_path, capsys):
-    result = call_main("single_gpu.py", [*TINY, "--train-samples", "0", "--out-dir", str(tmp_path)], capsys)
-    assert_one_clear_error(result, "single_gpu.py", "--train-samples must be at least 1")
+@pytest.mark.parametrize("flag", ["--train-samples", "--image-size"])
+def test_a_data_size_of_zero_is_one_clear_error(flag, tmp_path, capsys):
+    result = call_main("single_gpu.py", [*TINY, flag, "0", "--out-dir", str(tmp_path)], capsys)
+    assert_one_clear_error(result, "single_gpu.py", f"{flag} must be at least 1")
