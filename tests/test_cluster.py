@@ -193,7 +193,7 @@ def test_slurm_script_parses_and_its_dry_run_prints_the_reliable_launch_line():
 IN_VALIDATION = ["--batch-size", "8", "--val-samples", "97"]
 
 
-def test_sigterm_during_validation_stops_within_a_batch_and_resume_is_bitwise(runs, tmp_path):
+def test_sigterm_during_validation_stops_within_two_batches_and_resume_is_bitwise(runs, tmp_path):
     # SIGTERM reaches rank 0 as it loads its 6th validation batch of epoch 1 (of 7; rank 1 has 6).
     # Every process reads the flag of a batch after the next one, so all stop together after the
     # 7th round, in which rank 1 scores nothing: the run checkpoints with epoch 1 trained and its

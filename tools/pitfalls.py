@@ -289,7 +289,7 @@ PITFALLS = [
                    "shard goes round as often as the longest), reading each result one batch later so none waits; "
                    "the checkpoint then resumes with validation",
         "fix": [("ddp_full.py", "longest = math.ceil(len(loader.dataset) / dist.get_world_size())")],
-        "guards": ["tests/test_cluster.py::test_sigterm_during_validation_stops_within_a_batch_and_resume_is_bitwise"],
+        "guards": ["tests/test_cluster.py::test_sigterm_during_validation_stops_within_two_batches_and_resume_is_bitwise"],
         "mutation": ("ddp_full.py", "            totals[-1] += count\n        preemption.check()\n",
                      "            totals[-1] += count\n"),
     },
