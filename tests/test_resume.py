@@ -49,6 +49,23 @@ def test_resume_mid_epoch_then_at_an_epoch_boundary_is_bitwise_equal_to_an_unint
     assert_bitwise_equal(reference, tmp_path)
 
 
+# resnet18 has BatchNorm: running statistics are state that the checkpoint carries for rank 0
+# only, while each process's own drift apart between DDP's buffer broadcasts. 2 processes x 8 x 2
+# micro-batches: 2 optimizer steps per epoch of 48 (the second a group of one), 2 epochs.
+BATCHNORM = ["--model", "resnet18", "--workers", "0", "--train-samples", "48", "--val-samples", "23",
+             "--batch-size", "8", "--accum-steps", "2", "--log-interval", "1000"]
+
+
+def test_resume_of_a_batchnorm_model_is_bitwise_equal_to_an_uninterrupted_run(runs, tmp_path):
+    reference = runs.get("full_bn_accum_w2", "ddp_full.py", BATCHNORM, nproc=2)
+    run_full(tmp_path, *BATCHNORM, "--max-steps", "1")
+    middle = run_full(tmp_path, *BATCHNORM, "--epochs", "1")
+    assert "step_000000001.pt: epoch 1, step 1" in middle.stdout
+    last = run_full(tmp_path, *BATCHNORM)
+    assert "step_000000002.pt: epoch 2, step 0" in last.stdout
+    assert_bitwise_equal(reference, tmp_path)
+
+
 def test_resume_restores_the_grad_scaler_state(runs, tmp_path):
     # The loss scale only moves after an overflow or 2000 clean steps, neither of which these short
     # runs reach, so a bitwise comparison alone cannot tell a restored scaler from a fresh one. Give
@@ -89,8 +106,6 @@ def test_checkpoint_holds_the_unwrapped_model_and_everything_resume_needs(runs):
 
 def test_a_finished_run_started_again_says_so_and_trains_nothing(runs, tmp_path):
     # The Quickstart command run a second time: the newest checkpoint is the last epoch's.
-    import shutil
-
     shutil.copytree(runs.get("full_w2", "ddp_full.py", ARGS, nproc=2), tmp_path / "run")
     result = run_full(tmp_path / "run", *ARGS)
     assert "nothing to train: the run already completed 2 epochs; raise --epochs to train longer" in result.stdout

@@ -269,6 +269,19 @@ PITFALLS = [
         "mutation": ("ddp_full.py", "    for buffer in model.buffers():\n        dist.broadcast(buffer, src=0)\n", ""),
     },
     {
+        "title": "A resume that loses the BatchNorm statistics",
+        "mistake": "checkpointing or restoring the parameters alone (`named_parameters()`, or a load with "
+                   "`strict=False` that skips what is missing)",
+        "symptom": "BatchNorm's running statistics start afresh at every resume: the resumed model scores and "
+                   "trains differently, and a model without buffers (the demo CNN) cannot show it",
+        "correct": "save rank 0's whole `state_dict()` (parameters and buffers) and load it strictly",
+        "fix": [("ddp_full.py", '        model.load_state_dict(checkpoint["model"])')],
+        "guards": ["tests/test_resume.py::test_resume_of_a_batchnorm_model_is_bitwise_equal_to_an_uninterrupted_run"],
+        "mutation": ("ddp_full.py", '        model.load_state_dict(checkpoint["model"])',
+                     '        model.load_state_dict({name: checkpoint["model"][name] for name, _ in '
+                     'model.named_parameters()}, strict=False)'),
+    },
+    {
         "title": "Processes that resume from different checkpoints",
         "mistake": "letting every process pick its checkpoint alone, on nodes that do not share a file system "
                    "(or share a stale one)",
