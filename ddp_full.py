@@ -462,7 +462,7 @@ class Preemption:
     def __init__(self):
         self.requested, self.pending = False, None
         self.group = dist.new_group(backend="gloo")
-        signal.signal(signal.SIGTERM, self.request)
+        self.previous_handler = signal.signal(signal.SIGTERM, self.request)
 
     def request(self, signum, frame):
         self.requested = True
@@ -479,10 +479,16 @@ class Preemption:
         self.pending = work, flag
 
     def close(self):
-        """Finish the last all-reduce, which every process started."""
+        """Finish the last all-reduce, which every process started; give SIGTERM back.
+
+        An installed handler would keep this object and its process group alive until the
+        interpreter exits, too late for gloo's threads to let go of what they hold.
+        """
         if self.pending is not None:
             self.pending[0].wait()
             self.pending = None
+        signal.signal(signal.SIGTERM, self.previous_handler or signal.SIG_DFL)
+        dist.destroy_process_group(self.group)
 
 
 # --- data loading -------------------------------------------------------------------------------
@@ -978,8 +984,8 @@ def train(args):
             if epoch + 1 == args.epochs or args.ckpt_epochs and (epoch + 1) % args.ckpt_epochs == 0:
                 save_checkpoint(args, model, optimizer, scaler, state)
     except Stop as stop:
-        preemption.close()
         save_checkpoint(args, model, optimizer, scaler, state)
+        preemption.close()
         if str(stop) == "preempted":
             log(f"preempted at step {state.global_step}: checkpoint written; requeue with the "
                 f"same command (exit status {EXIT_REQUEUE})")
@@ -988,12 +994,12 @@ def train(args):
             f"without --max-steps continues the run")
         return 0
 
-    preemption.close()
     if rank == 0:
         save_start = time.perf_counter()
         # Save the unwrapped model: its keys have no "module." prefix and load into the bare model.
         atomic_save(model.module.state_dict(), out_dir / "model.pt")
         log(f"saved {out_dir / 'model.pt'} in {time.perf_counter() - save_start:.2f} s")
+    preemption.close()
     return 0
 
 

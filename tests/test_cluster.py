@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from conftest import LAUNCH_TIMEOUT, ROOT, TINY, base_env, check, command, launch, metrics, weights
-from test_bad_input import assert_one_clear_error, snapshot
+from test_bad_input import assert_one_clear_error, call_main, snapshot
 from test_resume import assert_bitwise_equal
 
 # 512 samples, 2 processes x 8: 32 steps per epoch, 64 in all, a checkpoint every 10 steps. Long
@@ -109,6 +110,30 @@ def test_sigterm_through_torchrun_checkpoints_at_an_agreed_step_and_resume_is_bi
     assert not (out_dir / "model.pt").exists()
     check(launch("ddp_full.py", [*LONG, "--out-dir", str(out_dir)], nproc=2))
     assert_bitwise_equal(reference, out_dir)
+
+
+@pytest.mark.parametrize("ending", [[], ["--max-steps", "2"]], ids=["finished", "stopped"])
+def test_a_run_gives_sigterm_back_and_leaves_no_process_group(ending, tmp_path, capsys):
+    # The preemption handler holds its gloo group. Left installed after main() returns, both live
+    # until the interpreter exits, where gloo's threads may still hold what they must free (a
+    # finished run aborted so once in CI, exit -6), and a later SIGTERM is swallowed by a run
+    # that is over.
+    import gc
+
+    def handler(signum, frame):
+        pass
+
+    before = signal.signal(signal.SIGTERM, handler)
+    try:
+        result = call_main("ddp_full.py", [*TINY, "--epochs", "1", "--batch-size", "64", *ending,
+                                           "--out-dir", str(tmp_path)], capsys)
+        assert result.returncode == 0, result.stderr
+        assert signal.getsignal(signal.SIGTERM) is handler
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert not dist.is_initialized()
+    gc.collect()
+    assert not [o for o in gc.get_objects() if type(o).__name__ == "Preemption"]
 
 
 def test_sigterm_exits_with_status_75_after_its_checkpoint(tmp_path):

@@ -166,3 +166,8 @@ def test_readme_shows_the_recorded_diff_sizes_in_ladder_order():
         assert link in readme and row in readme.split(link, 1)[1].splitlines()[0], (link, row)
         positions.append(readme.index(link))
     assert positions == sorted(positions)
+
+
+def test_neighbouring_scripts_differ_only_where_the_manifest_declares():
+    failures = guard_failures()
+    assert not failures, "\n\n".join(failures)

@@ -223,7 +223,8 @@ PITFALLS = [
         "correct": "a handler that asks for a stop; all ranks agree on the batch, checkpoint, and exit 75",
         "fix": [("ddp_full.py", "signal.signal(signal.SIGTERM, self.request)")],
         "guards": ["tests/test_cluster.py::test_sigterm_exits_with_status_75_after_its_checkpoint"],
-        "mutation": ("ddp_full.py", "        signal.signal(signal.SIGTERM, self.request)\n", "        pass\n"),
+        "mutation": ("ddp_full.py", "        self.previous_handler = signal.signal(signal.SIGTERM, self.request)\n",
+                     "        self.previous_handler = None\n"),
     },
     {
         "title": "Resuming from a torn checkpoint",
