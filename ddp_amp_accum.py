@@ -21,6 +21,7 @@ import gc
 import json
 import math
 import os
+import pickle
 import random
 import sys
 import tempfile
@@ -39,12 +40,17 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDatas
 
 MOMENTUM = 0.9
 AMP_DTYPES = {"none": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# The learning rate and weight decay each optimizer is usually given (SGD's: the CIFAR recipes';
+# AdamW's: PyTorch's default rate and the decay of the vision transformer recipes).
+OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.03, "weight_decay": 5e-4},
+                      "adamw": {"lr": 1e-3, "weight_decay": 0.05}}
 
 
 # --- your data and model ------------------------------------------------------------------------
-# The one section to edit to train something else: the task's flags, its data sets, its model,
-# and what a batch costs (the loss) and scores (the metrics). Nothing outside this section knows
-# about images, classes or these flags (tests/test_seam.py swaps in another task to prove it).
+# The one section to edit to train something else: the task's flags, its data sets, its model
+# (and the pretrained weights it may start from), and what a batch costs (the loss) and scores
+# (the metrics). Nothing outside this section knows about images, classes or these flags
+# (tests/test_seam.py swaps in another task to prove it).
 
 SYNTHETIC_DEFAULTS = {"train": 4096, "val": 1000}
 NUM_SYNTHETIC_CLASSES = 10
@@ -177,6 +183,25 @@ def build_model(args, num_outputs):
     return models.get_model(args.model, num_classes=num_outputs)
 
 
+def pretrained_weights(args):
+    """The state dict that --init-from pretrained loads: torchvision's weights for --model, read
+    from torch's download cache. Never downloaded here: every process of every node would fetch
+    the same file at once; a download is a setup step, done once, before training."""
+    import torchvision.models as models
+
+    try:
+        url = models.get_model_weights(args.model).DEFAULT.url
+    except (ValueError, KeyError, AttributeError):  # cnn, or a model published without weights
+        raise ConfigError(f"torchvision has no pretrained weights for --model {args.model}") \
+            from None
+    path = Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(url)
+    if not path.is_file():
+        raise ConfigError(f"torchvision's {args.model} weights are not in {path.parent}: fetch "
+                          f"them once with python -c \"import torchvision; torchvision.models."
+                          f"get_model('{args.model}', weights='DEFAULT')\", or copy {url} there")
+    return read_state_dict(path)
+
+
 def batch_loss(model, batch):
     """The loss to train on (a mean over the batch), and how many samples the batch holds."""
     images, labels = batch
@@ -214,9 +239,19 @@ def parse_args(argv=None):
     parser.add_argument("--batch-size", type=int, default=64,
                         help="samples per process per micro-batch; the global batch is batch size "
                              "x world size x accumulation steps")
-    parser.add_argument("--lr", type=float, default=0.03,
-                        help="SGD learning rate for the global batch, used as given")
-    parser.add_argument("--weight-decay", type=float, default=5e-4, help="SGD weight decay")
+    parser.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd",
+                        help="SGD with momentum, or AdamW")
+    parser.add_argument("--lr", type=float, default=None,
+                        help="peak learning rate for the global batch, used as given (default: "
+                             "0.03 with sgd, 1e-3 with adamw)")
+    parser.add_argument("--lr-schedule", choices=["cosine", "constant"], default="cosine",
+                        help="cosine: linear warm-up to --lr, then cosine decay to 0 at the last "
+                             "step; constant: --lr throughout, no warm-up")
+    parser.add_argument("--warmup-epochs", type=float, default=1.0,
+                        help="epochs of linear warm-up of the cosine schedule")
+    parser.add_argument("--weight-decay", type=float, default=None,
+                        help="decay of weight matrices and kernels, not of biases and norm "
+                             "weights (default: 5e-4 with sgd, 0.05 with adamw)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the model, data and shuffle")
     parser.add_argument("--workers", type=int, default=None,
                         help="data loader processes per process (default: 0 for data already in "
@@ -231,6 +266,12 @@ def parse_args(argv=None):
                         help="CUDA: float32 matmuls and convolutions on tensor cores (TF32)")
     parser.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction, default=True,
                         help="CUDA: cuDNN times its algorithms per input shape, keeps the fastest")
+    parser.add_argument("--compile", action="store_true",
+                        help="compile the model with torch.compile: faster steps on GPUs after "
+                             "a minute or more of compiling; measured slower on CPU (default: off)")
+    parser.add_argument("--init-from", default=None,
+                        help="start from these weights: a model.pt of any step, a state dict, or "
+                             "'pretrained': the task's published weights (pretrained_weights)")
     add_task_arguments(parser)
     parser.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none",
                         help="autocast the forward to this precision; fp16 adds a GradScaler")
@@ -250,13 +291,17 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.out_dir is None:
         args.out_dir = os.path.join("runs", Path(__file__).stem)
+    # The optimizers want rates and decays of different sizes: the chosen one's, unless given.
+    for name, value in OPTIMIZER_DEFAULTS[args.optimizer].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     return args
 
 
 # The least value of each numeric setting (None, a default decided later, is not checked), and the
 # settings that must be positive.
-AT_LEAST = {"epochs": 1, "batch_size": 1, "log_interval": 1, "workers": 0, "accum_steps": 1,
-            "clip_grad_norm": 0}
+AT_LEAST = {"epochs": 1, "batch_size": 1, "log_interval": 1, "workers": 0, "weight_decay": 0,
+            "warmup_epochs": 0, "accum_steps": 1, "clip_grad_norm": 0}
 POSITIVE = ("lr", "timeout_min")
 
 
@@ -270,6 +315,8 @@ def check_args(args):
         value = getattr(args, name)
         if value <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if args.init_from not in (None, "pretrained") and not os.path.isfile(args.init_from):
+        raise ConfigError(f"--init-from {args.init_from!r}: no such file")
 
 
 def set_seed(seed):
@@ -296,14 +343,29 @@ def describe(model):
     return f"{type(model).__name__} ({millions:.2f} M parameters)"
 
 
+def peak_memory(device):
+    """For progress lines: the most memory this process's tensors have held on the GPU so far."""
+    if device.type != "cuda":
+        return ""
+    return f" | peak memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB"
+
+
 def write_metrics(path, record):
     """Append one JSON object per line: a file that survives a crash up to its last full line."""
     with open(path, "a") as f:
         f.write(json.dumps(record) + "\n")
 
 
+def log_recipe(args):
+    log(f"optimizer {args.optimizer} | lr {args.lr:g}, schedule {args.lr_schedule} | weight decay "
+        f"{args.weight_decay:g} | compile {'on' if args.compile else 'off'}")
+
+
 def log_epoch(record, epochs):
     metrics = " ".join(f"val_{name} {record[f'val_{name}']:.4f}" for name in EVAL_METRICS)
+    if record["epoch"] == 0:  # the starting weights of a fine-tuning run: no training yet
+        log(f"epoch 0/{epochs} (starting weights) {metrics} ({record['val_samples']} samples)")
+        return
     log(f"epoch {record['epoch']}/{epochs} train_loss {record['train_loss']:.4f} {metrics} "
         f"({record['val_samples']} samples) | {record['samples_per_sec']:.0f} samples/s")
 
@@ -452,6 +514,84 @@ def check_model_fits(args, num_outputs, dataset):
         raise ConfigError(f"the model does not fit the data: {reason}") from None
 
 
+def read_state_dict(path):
+    """The weights in a file: a model.pt, a plain state dict, or a checkpoint holding "model"."""
+    try:
+        # weights_only: tensors and plain containers only, so loading a file runs no code from it.
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else "empty or truncated"
+        raise ConfigError(f"--init-from {path} cannot be read: {reason}") from None
+    if isinstance(state, dict) and isinstance(state.get("model"), dict):
+        state = state["model"]  # a training checkpoint
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ConfigError(f"--init-from {path} holds no state dict")
+    # Wrappers put a prefix before every key -- DDP's and DataParallel's "module.", torch.compile's
+    # "_orig_mod." -- that the plain model does not have.
+    prefixes = ("module.", "_orig_mod.")
+    while state and (prefix := next((p for p in prefixes if all(k.startswith(p) for k in state)),
+                                    None)):
+        state = {key.removeprefix(prefix): value for key, value in state.items()}
+    return state
+
+
+def init_weights_from(args, model):
+    """Load --init-from into the model before training: fine-tuning. Every key must fit, but
+    pretrained weights' layers of another shape (a classifier for another number of classes) keep
+    their fresh weights, to be trained for this task."""
+    own, fresh = model.state_dict(), []
+    if args.init_from == "pretrained":
+        state = pretrained_weights(args)
+        fresh = sorted(k for k, v in state.items() if k in own and v.shape != own[k].shape)
+        state.update({key: own[key] for key in fresh})
+    else:
+        state = read_state_dict(args.init_from)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as err:
+        reason = " ".join(str(err).split())[:300]
+        raise ConfigError(f"--init-from {args.init_from} does not fit the model: {reason}") \
+            from None
+    log(f"weights from {args.init_from}" + (f"; fresh: {', '.join(fresh)}" if fresh else ""))
+
+
+# --- optimizer and schedule ---------------------------------------------------------------------
+
+def build_optimizer(args, model):
+    """SGD with momentum or AdamW; weight decay on weight matrices and convolution kernels only.
+
+    Decay pulls weights toward zero to keep the fit simple. Biases and normalisation weights are a
+    few numbers per channel that shift and scale activations: decaying them regularises little and
+    pulls the network off its fit (timm and nanoGPT leave them out, as here)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    if args.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=args.lr)
+    return torch.optim.SGD(groups, lr=args.lr, momentum=MOMENTUM)
+
+
+def lr_factor(args, step, steps_per_epoch):
+    """The learning rate of optimizer step `step` (0, 1, ...) as a fraction of --lr.
+
+    Warm-up: the first gradients of random weights are large and erratic, and a large global
+    batch takes large steps; rising linearly to --lr lets the weights settle first. Then cosine
+    decay lowers the rate smoothly, to 0 after the last step, so training ends in small steps."""
+    if args.lr_schedule == "constant":
+        return 1.0
+    warmup = round(args.warmup_epochs * steps_per_epoch)
+    if step < warmup:
+        return (step + 1) / warmup
+    total = args.epochs * steps_per_epoch
+    return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(total - warmup, 1)))
+
+
+def build_scheduler(args, optimizer, steps_per_epoch):
+    """The learning-rate schedule: scheduler.step() once per optimizer step, never per batch."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(args, step, steps_per_epoch))
+
+
 # --- train/eval ---------------------------------------------------------------------------------
 
 def autocast(args, device):
@@ -459,7 +599,7 @@ def autocast(args, device):
     return torch.autocast(device.type, dtype=AMP_DTYPES[args.amp], enabled=args.amp != "none")
 
 
-def train_one_epoch(args, model, loader, optimizer, scaler, device, epoch):
+def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, epoch):
     """Train for one epoch; return [loss sum, samples] over the epoch, all processes."""
     model.train()
     totals = torch.zeros(2, dtype=torch.float64, device=device)
@@ -485,23 +625,30 @@ def train_one_epoch(args, model, loader, optimizer, scaler, device, epoch):
         totals[1] += count
         if not last_in_group:
             continue
+        grad_norm = None
         if args.clip_grad_norm > 0:
             # Clip true gradients: unscale_ first divides out fp16's loss scale (once a step).
             scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
+            # The norm before clipping, for the progress line: a rising norm warns of trouble.
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
         # With fp16, step() skips the update when a gradient overflowed and update() adapts the
         # scale; without a scaler (none, bf16) they are a plain optimizer.step() and nothing.
         scaler.step(optimizer)
         scaler.update()
+        # The rate this step used, for the progress line; then the schedule moves one step on:
+        # once per optimizer step, not per micro-batch.
+        lr = scheduler.get_last_lr()[0]
+        scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         step = batch_index // args.accum_steps + 1
         if step % args.log_interval == 0 or step == num_steps:
             elapsed = time.perf_counter() - start
             samples = totals[1].item()
+            norm = "" if grad_norm is None else f" | grad norm {grad_norm.item():.3g}"
             # Rank 0's own loss, and its throughput times the number of processes.
             log(f"epoch {epoch + 1}/{args.epochs} step {step}/{num_steps} "
-                f"loss {totals[0].item() / samples:.4f} | "
-                f"{samples * dist.get_world_size() / elapsed:.0f} samples/s | "
+                f"loss {totals[0].item() / samples:.4f} | lr {lr:.6g}{norm} | "
+                f"{samples * dist.get_world_size() / elapsed:.0f} samples/s{peak_memory(device)} | "
                 f"eta {format_seconds(elapsed / step * (num_steps - step))}")
     # One all-reduce after the loop turns per-process sums into global ones.
     dist.all_reduce(totals)
@@ -526,15 +673,19 @@ def evaluate(args, model, loader, device):
     return totals
 
 
-def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds):
-    """One line of metrics.jsonl: means over all samples, the samples counted, and timings."""
-    record = {"epoch": epoch + 1, "train_loss": train_totals[0].item() / train_totals[1].item()}
+def val_record(val_totals):
+    """Validation's means over all samples, and how many samples were counted."""
     count = val_totals[-1].item()
-    for i, name in enumerate(EVAL_METRICS):
-        record[f"val_{name}"] = val_totals[i].item() / count
-    record.update(val_samples=int(count), samples_per_sec=train_totals[1].item() / train_seconds,
-                  train_seconds=train_seconds, val_seconds=val_seconds)
-    return record
+    record = {f"val_{name}": val_totals[i].item() / count for i, name in enumerate(EVAL_METRICS)}
+    return {**record, "val_samples": int(count)}
+
+
+def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds, lr):
+    """One line of metrics.jsonl: means over all samples, the samples counted, timings, and the
+    learning rate the schedule has reached."""
+    return {"epoch": epoch + 1, "train_loss": train_totals[0].item() / train_totals[1].item(),
+            **val_record(val_totals), "samples_per_sec": train_totals[1].item() / train_seconds,
+            "train_seconds": train_seconds, "val_seconds": val_seconds, "lr": lr}
 
 
 # --- checkpointing ------------------------------------------------------------------------------
@@ -580,14 +731,19 @@ def train(args):
     check_model_fits(args, num_outputs, val_set)
     train_loader, val_loader = build_loaders(args, train_set, val_set, device, rank, world_size)
     set_seed(args.seed)
+    model = build_model(args, num_outputs)
+    if args.init_from:
+        # Rank 0 reads the weights; DDP hands them to every process when it wraps the model.
+        rank0_only(rank, init_weights_from, args, model)
     layout = torch.channels_last if args.channels_last else torch.preserve_format
-    model = build_model(args, num_outputs).to(device, memory_format=layout)
+    model = model.to(device, memory_format=layout)
     log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
     # DDP broadcasts rank 0's weights at construction and averages gradients during backward.
     # device_ids names the one GPU this process drives; on CPU it must be left out.
     model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=MOMENTUM,
-                                weight_decay=args.weight_decay)
+    optimizer = build_optimizer(args, model)
+    scheduler = build_scheduler(args, optimizer,
+                                steps_per_epoch=math.ceil(len(train_loader) / args.accum_steps))
     # fp16 needs loss scaling (small gradients underflow in fp16); bf16 has fp32's range and does
     # not. A disabled scaler passes everything through, so one code path serves all three.
     scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
@@ -605,12 +761,19 @@ def train(args):
     log(f"global batch {args.batch_size * world_size * args.accum_steps} = {args.batch_size} per "
         f"process x {world_size} processes x {args.accum_steps} accumulation steps | "
         f"amp {args.amp}")
+    log_recipe(args)
+    if args.init_from and rank == 0:
+        # The starting weights' score, what fine-tuning must improve on: epoch 0 in metrics.jsonl.
+        record = {"epoch": 0, **val_record(evaluate(args, model.module, val_loader, device))}
+        write_metrics(metrics_path, record)
+        log_epoch(record, args.epochs)
 
     for epoch in range(args.epochs):
         # Without set_epoch the sampler repeats epoch 0's order in every epoch.
         train_loader.sampler.set_epoch(epoch)
         epoch_start = time.perf_counter()
-        train_totals = train_one_epoch(args, model, train_loader, optimizer, scaler, device, epoch)
+        train_totals = train_one_epoch(args, model, train_loader, optimizer, scheduler, scaler,
+                                       device, epoch)
         # Rank 0 evaluates the whole validation set alone, through model.module: the DDP wrapper's
         # forward would start a collective (a buffer broadcast) that the other ranks never join.
         # They go on to the next epoch and wait for rank 0 at its first gradient all-reduce, for
@@ -621,7 +784,7 @@ def train(args):
         val_start = time.perf_counter()
         val_totals = evaluate(args, model.module, val_loader, device)
         record = epoch_record(epoch, train_totals, val_totals, val_start - epoch_start,
-                              time.perf_counter() - val_start)
+                              time.perf_counter() - val_start, scheduler.get_last_lr()[0])
         write_metrics(metrics_path, record)
         log_epoch(record, args.epochs)
 

@@ -51,22 +51,29 @@ from torch.utils.data import (DataLoader, DistributedSampler, Sampler, Subset, T
 # default run (synthetic data, small CNN) does not use it.
 
 MOMENTUM = 0.9
+# The learning rate and weight decay each optimizer is usually given (SGD's: the CIFAR recipes';
+# AdamW's: PyTorch's default rate and the decay of the vision transformer recipes).
+OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.03, "weight_decay": 5e-4},
+                      "adamw": {"lr": 1e-3, "weight_decay": 0.05}}
 AMP_DTYPES = {"none": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # A resumed run continues the same training: every setting must match the checkpoint's but these,
 # which change how the run goes on, not what it computes (speed settings change rounding at most).
-RESUME_MAY_CHANGE = ("epochs", "workers", "out_dir", "log_interval", "resume", "ckpt_steps",
+# --epochs also may change under a constant learning rate; the cosine schedule is laid over it.
+# --init-from is passed over by a resume: the checkpoint holds the weights.
+RESUME_MAY_CHANGE = ("workers", "out_dir", "log_interval", "resume", "ckpt_steps",
                      "ckpt_epochs", "keep_last", "max_steps", "backend", "local_rank",
                      "timeout_min", "bucket_cap_mb", "gradient_as_bucket_view", "channels_last",
-                     "tf32", "cudnn_benchmark")
+                     "tf32", "cudnn_benchmark", "compile", "init_from")
 CHECKPOINT_NAME = re.compile(r"^step_(\d+)\.pt$")
 # sysexits.h EX_TEMPFAIL: "try again later". A preempted run exits with it after its checkpoint.
 EXIT_REQUEUE = 75
 
 
 # --- your data and model ------------------------------------------------------------------------
-# The one section to edit to train something else: the task's flags, its data sets, its model,
-# and what a batch costs (the loss) and scores (the metrics). Nothing outside this section knows
-# about images, classes or these flags (tests/test_seam.py swaps in another task to prove it).
+# The one section to edit to train something else: the task's flags, its data sets, its model
+# (and the pretrained weights it may start from), and what a batch costs (the loss) and scores
+# (the metrics). Nothing outside this section knows about images, classes or these flags
+# (tests/test_seam.py swaps in another task to prove it).
 
 SYNTHETIC_DEFAULTS = {"train": 4096, "val": 1000}
 NUM_SYNTHETIC_CLASSES = 10
@@ -201,6 +208,25 @@ def build_model(args, num_outputs):
     return models.get_model(args.model, num_classes=num_outputs)
 
 
+def pretrained_weights(args):
+    """The state dict that --init-from pretrained loads: torchvision's weights for --model, read
+    from torch's download cache. Never downloaded here: every process of every node would fetch
+    the same file at once; a download is a setup step, done once, before training."""
+    import torchvision.models as models
+
+    try:
+        url = models.get_model_weights(args.model).DEFAULT.url
+    except (ValueError, KeyError, AttributeError):  # cnn, or a model published without weights
+        raise ConfigError(f"torchvision has no pretrained weights for --model {args.model}") \
+            from None
+    path = Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(url)
+    if not path.is_file():
+        raise ConfigError(f"torchvision's {args.model} weights are not in {path.parent}: fetch "
+                          f"them once with python -c \"import torchvision; torchvision.models."
+                          f"get_model('{args.model}', weights='DEFAULT')\", or copy {url} there")
+    return read_state_dict(path)
+
+
 def batch_loss(model, batch):
     """The loss to train on (a mean over the batch), and how many samples the batch holds."""
     images, labels = batch
@@ -238,9 +264,19 @@ def parse_args(argv=None):
     parser.add_argument("--batch-size", type=int, default=64,
                         help="samples per process per micro-batch; the global batch is batch size "
                              "x world size x accumulation steps")
-    parser.add_argument("--lr", type=float, default=0.03,
-                        help="SGD learning rate for the global batch, used as given")
-    parser.add_argument("--weight-decay", type=float, default=5e-4, help="SGD weight decay")
+    parser.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd",
+                        help="SGD with momentum, or AdamW")
+    parser.add_argument("--lr", type=float, default=None,
+                        help="peak learning rate for the global batch, used as given (default: "
+                             "0.03 with sgd, 1e-3 with adamw)")
+    parser.add_argument("--lr-schedule", choices=["cosine", "constant"], default="cosine",
+                        help="cosine: linear warm-up to --lr, then cosine decay to 0 at the last "
+                             "step; constant: --lr throughout, no warm-up")
+    parser.add_argument("--warmup-epochs", type=float, default=1.0,
+                        help="epochs of linear warm-up of the cosine schedule")
+    parser.add_argument("--weight-decay", type=float, default=None,
+                        help="decay of weight matrices and kernels, not of biases and norm "
+                             "weights (default: 5e-4 with sgd, 0.05 with adamw)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the model, data and shuffle")
     parser.add_argument("--workers", type=int, default=None,
                         help="data loader processes per process (default: 0 for data already in "
@@ -255,6 +291,12 @@ def parse_args(argv=None):
                         help="CUDA: float32 matmuls and convolutions on tensor cores (TF32)")
     parser.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction, default=True,
                         help="CUDA: cuDNN times its algorithms per input shape, keeps the fastest")
+    parser.add_argument("--compile", action="store_true",
+                        help="compile the model with torch.compile: faster steps on GPUs after "
+                             "a minute or more of compiling; measured slower on CPU (default: off)")
+    parser.add_argument("--init-from", default=None,
+                        help="start from these weights: a model.pt of any step, a state dict, or "
+                             "'pretrained': the task's published weights (pretrained_weights)")
     add_task_arguments(parser)
     parser.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none",
                         help="autocast the forward to this precision; fp16 adds a GradScaler")
@@ -291,13 +333,18 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.out_dir is None:
         args.out_dir = os.path.join("runs", Path(__file__).stem)
+    # The optimizers want rates and decays of different sizes: the chosen one's, unless given.
+    for name, value in OPTIMIZER_DEFAULTS[args.optimizer].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     return args
 
 
 # The least value of each numeric setting (None, a default decided later, is not checked), and the
 # settings that must be positive.
-AT_LEAST = {"epochs": 1, "batch_size": 1, "log_interval": 1, "workers": 0, "accum_steps": 1,
-            "clip_grad_norm": 0, "keep_last": 1, "ckpt_steps": 0, "ckpt_epochs": 0, "max_steps": 0}
+AT_LEAST = {"epochs": 1, "batch_size": 1, "log_interval": 1, "workers": 0, "weight_decay": 0,
+            "warmup_epochs": 0, "accum_steps": 1, "clip_grad_norm": 0, "keep_last": 1,
+            "ckpt_steps": 0, "ckpt_epochs": 0, "max_steps": 0}
 POSITIVE = ("lr", "timeout_min", "bucket_cap_mb")
 
 
@@ -311,6 +358,8 @@ def check_args(args):
         value = getattr(args, name)
         if value <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if args.init_from not in (None, "pretrained") and not os.path.isfile(args.init_from):
+        raise ConfigError(f"--init-from {args.init_from!r}: no such file")
     if args.resume not in ("auto", "none") and not os.path.isfile(args.resume):
         raise ConfigError(f"--resume {args.resume!r}: no such checkpoint file")
 
@@ -339,14 +388,29 @@ def describe(model):
     return f"{type(model).__name__} ({millions:.2f} M parameters)"
 
 
+def peak_memory(device):
+    """For progress lines: the most memory this process's tensors have held on the GPU so far."""
+    if device.type != "cuda":
+        return ""
+    return f" | peak memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB"
+
+
 def write_metrics(path, record):
     """Append one JSON object per line: a file that survives a crash up to its last full line."""
     with open(path, "a") as f:
         f.write(json.dumps(record) + "\n")
 
 
+def log_recipe(args):
+    log(f"optimizer {args.optimizer} | lr {args.lr:g}, schedule {args.lr_schedule} | weight decay "
+        f"{args.weight_decay:g} | compile {'on' if args.compile else 'off'}")
+
+
 def log_epoch(record, epochs):
     metrics = " ".join(f"val_{name} {record[f'val_{name}']:.4f}" for name in EVAL_METRICS)
+    if record["epoch"] == 0:  # the starting weights of a fine-tuning run: no training yet
+        log(f"epoch 0/{epochs} (starting weights) {metrics} ({record['val_samples']} samples)")
+        return
     log(f"epoch {record['epoch']}/{epochs} train_loss {record['train_loss']:.4f} {metrics} "
         f"({record['val_samples']} samples) | {record['samples_per_sec']:.0f} samples/s")
 
@@ -579,6 +643,84 @@ def check_model_fits(args, num_outputs, dataset):
         raise ConfigError(f"the model does not fit the data: {reason}") from None
 
 
+def read_state_dict(path):
+    """The weights in a file: a model.pt, a plain state dict, or a checkpoint holding "model"."""
+    try:
+        # weights_only: tensors and plain containers only, so loading a file runs no code from it.
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else "empty or truncated"
+        raise ConfigError(f"--init-from {path} cannot be read: {reason}") from None
+    if isinstance(state, dict) and isinstance(state.get("model"), dict):
+        state = state["model"]  # a training checkpoint
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ConfigError(f"--init-from {path} holds no state dict")
+    # Wrappers put a prefix before every key -- DDP's and DataParallel's "module.", torch.compile's
+    # "_orig_mod." -- that the plain model does not have.
+    prefixes = ("module.", "_orig_mod.")
+    while state and (prefix := next((p for p in prefixes if all(k.startswith(p) for k in state)),
+                                    None)):
+        state = {key.removeprefix(prefix): value for key, value in state.items()}
+    return state
+
+
+def init_weights_from(args, model):
+    """Load --init-from into the model before training: fine-tuning. Every key must fit, but
+    pretrained weights' layers of another shape (a classifier for another number of classes) keep
+    their fresh weights, to be trained for this task."""
+    own, fresh = model.state_dict(), []
+    if args.init_from == "pretrained":
+        state = pretrained_weights(args)
+        fresh = sorted(k for k, v in state.items() if k in own and v.shape != own[k].shape)
+        state.update({key: own[key] for key in fresh})
+    else:
+        state = read_state_dict(args.init_from)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as err:
+        reason = " ".join(str(err).split())[:300]
+        raise ConfigError(f"--init-from {args.init_from} does not fit the model: {reason}") \
+            from None
+    log(f"weights from {args.init_from}" + (f"; fresh: {', '.join(fresh)}" if fresh else ""))
+
+
+# --- optimizer and schedule ---------------------------------------------------------------------
+
+def build_optimizer(args, model):
+    """SGD with momentum or AdamW; weight decay on weight matrices and convolution kernels only.
+
+    Decay pulls weights toward zero to keep the fit simple. Biases and normalisation weights are a
+    few numbers per channel that shift and scale activations: decaying them regularises little and
+    pulls the network off its fit (timm and nanoGPT leave them out, as here)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    if args.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=args.lr)
+    return torch.optim.SGD(groups, lr=args.lr, momentum=MOMENTUM)
+
+
+def lr_factor(args, step, steps_per_epoch):
+    """The learning rate of optimizer step `step` (0, 1, ...) as a fraction of --lr.
+
+    Warm-up: the first gradients of random weights are large and erratic, and a large global
+    batch takes large steps; rising linearly to --lr lets the weights settle first. Then cosine
+    decay lowers the rate smoothly, to 0 after the last step, so training ends in small steps."""
+    if args.lr_schedule == "constant":
+        return 1.0
+    warmup = round(args.warmup_epochs * steps_per_epoch)
+    if step < warmup:
+        return (step + 1) / warmup
+    total = args.epochs * steps_per_epoch
+    return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(total - warmup, 1)))
+
+
+def build_scheduler(args, optimizer, steps_per_epoch):
+    """The learning-rate schedule: scheduler.step() once per optimizer step, never per batch."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(args, step, steps_per_epoch))
+
+
 # --- train/eval ---------------------------------------------------------------------------------
 
 def autocast(args, device):
@@ -586,7 +728,8 @@ def autocast(args, device):
     return torch.autocast(device.type, dtype=AMP_DTYPES[args.amp], enabled=args.amp != "none")
 
 
-def train_one_epoch(args, model, loader, optimizer, scaler, device, state, preemption):
+def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, state,
+                    preemption):
     """Train for the rest of the epoch; return [loss sum, samples] over the epoch, all processes.
 
     `state` follows every optimizer step, so that a Stop raised here checkpoints the last one.
@@ -616,14 +759,20 @@ def train_one_epoch(args, model, loader, optimizer, scaler, device, state, preem
         totals[0] += loss.detach().double() * count
         totals[1] += count
         if last_in_group:
+            grad_norm = None
             if args.clip_grad_norm > 0:
                 # Clip true gradients: unscale_ first divides out fp16's loss scale (once a step).
                 scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
+                # The norm before clipping, for the progress line: a rising norm warns of trouble.
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
             # With fp16, step() skips the update when a gradient overflowed and update() adapts the
             # scale; without a scaler (none, bf16) they are a plain optimizer.step() and nothing.
             scaler.step(optimizer)
             scaler.update()
+            # The rate this step used, for the progress line; then the schedule moves one step on:
+            # once per optimizer step, not per micro-batch.
+            lr = scheduler.get_last_lr()[0]
+            scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             step = batch_index // args.accum_steps + 1
             elapsed = time.perf_counter() - start
@@ -632,16 +781,18 @@ def train_one_epoch(args, model, loader, optimizer, scaler, device, state, preem
             state.train_seconds = start_seconds + elapsed
             if step % args.log_interval == 0 or step == num_steps:
                 samples = totals[1].item()
+                norm = "" if grad_norm is None else f" | grad norm {grad_norm.item():.3g}"
                 # Rank 0's own loss, and its throughput times the number of processes.
                 log(f"epoch {state.epoch + 1}/{args.epochs} step {step}/{num_steps} "
-                    f"loss {totals[0].item() / samples:.4f} | "
-                    f"{(samples - start_samples) * dist.get_world_size() / elapsed:.0f} samples/s "
-                    f"| eta {format_seconds(elapsed / (step - first_step) * (num_steps - step))}")
+                    f"loss {totals[0].item() / samples:.4f} | lr {lr:.6g}{norm} | "
+                    f"{(samples - start_samples) * dist.get_world_size() / elapsed:.0f} samples/s"
+                    f"{peak_memory(device)} | "
+                    f"eta {format_seconds(elapsed / (step - first_step) * (num_steps - step))}")
             # At the epoch's end validation and the epoch's checkpoint come first.
             if step < num_steps:
                 check_max_steps(args, state)
                 if args.ckpt_steps and state.global_step % args.ckpt_steps == 0:
-                    save_checkpoint(args, model, optimizer, scaler, state)
+                    save_checkpoint(args, model, optimizer, scheduler, scaler, state)
         # Mid-group, a stop goes back to the group's start, which `state` still describes.
         preemption.check()
     # One all-reduce after the loop turns per-process sums into global ones.
@@ -687,15 +838,19 @@ def evaluate(args, model, loader, device, preemption):
     return totals
 
 
-def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds):
-    """One line of metrics.jsonl: means over all samples, the samples counted, and timings."""
-    record = {"epoch": epoch + 1, "train_loss": train_totals[0].item() / train_totals[1].item()}
+def val_record(val_totals):
+    """Validation's means over all samples, and how many samples were counted."""
     count = val_totals[-1].item()
-    for i, name in enumerate(EVAL_METRICS):
-        record[f"val_{name}"] = val_totals[i].item() / count
-    record.update(val_samples=int(count), samples_per_sec=train_totals[1].item() / train_seconds,
-                  train_seconds=train_seconds, val_seconds=val_seconds)
-    return record
+    record = {f"val_{name}": val_totals[i].item() / count for i, name in enumerate(EVAL_METRICS)}
+    return {**record, "val_samples": int(count)}
+
+
+def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds, lr):
+    """One line of metrics.jsonl: means over all samples, the samples counted, timings, and the
+    learning rate the schedule has reached."""
+    return {"epoch": epoch + 1, "train_loss": train_totals[0].item() / train_totals[1].item(),
+            **val_record(val_totals), "samples_per_sec": train_totals[1].item() / train_seconds,
+            "train_seconds": train_seconds, "val_seconds": val_seconds, "lr": lr}
 
 
 # --- checkpointing ------------------------------------------------------------------------------
@@ -764,7 +919,7 @@ def set_rng_state(state):
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def save_checkpoint(args, model, optimizer, scaler, state):
+def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
     """Write everything an exact resume needs; every process calls this, rank 0 writes the file."""
     start, rank = time.perf_counter(), dist.get_rank()
     # The random states and the partial sums differ between processes: rank 0 gathers them.
@@ -778,6 +933,8 @@ def save_checkpoint(args, model, optimizer, scaler, state):
         # The unwrapped model: no "module." prefix, so it loads into the bare model too.
         "model": model.module.state_dict(),
         "optimizer": optimizer.state_dict(),
+        # The schedule's position: without it a resumed run would warm up again from step 0.
+        "scheduler": scheduler.state_dict(),
         "scaler": scaler.state_dict(),
         **{name: getattr(state, name) for name in SHARED_STATE},
         "world_size": dist.get_world_size(),
@@ -815,8 +972,11 @@ def load_checkpoint(path, args, world_size):
     if not isinstance(checkpoint, dict) or "rank_states" not in checkpoint:
         raise ConfigError(f"checkpoint {path} was not written by this script")
     settings, saved = vars(args), checkpoint["config"]
+    may_change = RESUME_MAY_CHANGE + RESUME_MAY_CHANGE_TASK
+    if args.lr_schedule == "constant":
+        may_change += ("epochs",)
     for name in sorted(settings.keys() & saved.keys()):
-        if saved[name] != settings[name] and name not in RESUME_MAY_CHANGE + RESUME_MAY_CHANGE_TASK:
+        if saved[name] != settings[name] and name not in may_change:
             raise ConfigError(f"checkpoint {path} is from a run with --{name.replace('_', '-')} "
                               f"{saved[name]}, this run has {settings[name]}")
     if checkpoint["world_size"] != world_size:
@@ -870,11 +1030,12 @@ def agree_on_checkpoint(args, world_size):
     return checkpoint, path
 
 
-def restore(checkpoint, path, model, optimizer, scaler, rank, device):
+def restore(checkpoint, path, model, optimizer, scheduler, scaler, rank, device):
     """Load a checkpoint into the unwrapped model and the rest; return the TrainState it holds."""
     try:
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
+        scheduler.load_state_dict(checkpoint["scheduler"])
     except (RuntimeError, ValueError, KeyError) as err:
         reason = str(err).strip().splitlines()[0]
         raise ConfigError(f"checkpoint {path} does not fit this model: {reason}") from None
@@ -884,6 +1045,18 @@ def restore(checkpoint, path, model, optimizer, scaler, rank, device):
     set_rng_state(state.rng)
     state.train_totals = state.train_totals.to(device, torch.float64)
     return state
+
+
+def start_or_resume(args, model, optimizer, scheduler, scaler, train_loader, rank, device):
+    """The TrainState to start from, and the checkpoint's path: a fresh one, or, when every process
+    agrees on a checkpoint, the one it holds, with everything it holds restored."""
+    checkpoint, path = agree_on_checkpoint(args, dist.get_world_size())
+    if checkpoint is None:
+        return TrainState(rng=rng_state(), loader_rng=train_loader.generator.get_state(),
+                          train_totals=torch.zeros(2, dtype=torch.float64, device=device)), None
+    state = restore(checkpoint, path, model, optimizer, scheduler, scaler, rank, device)
+    train_loader.generator.set_state(state.loader_rng)
+    return state, path
 
 
 # --- main ---------------------------------------------------------------------------------------
@@ -902,8 +1075,12 @@ def train(args):
     check_model_fits(args, num_outputs, val_set)
     train_loader, val_loader = build_loaders(args, train_set, val_set, device, rank, world_size)
     set_seed(args.seed)
+    model = build_model(args, num_outputs)
+    if args.init_from:
+        # Rank 0 reads the weights; DDP hands them to every process when it wraps the model.
+        rank0_only(rank, init_weights_from, args, model)
     layout = torch.channels_last if args.channels_last else torch.preserve_format
-    model = build_model(args, num_outputs).to(device, memory_format=layout)
+    model = model.to(device, memory_format=layout)
     log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
     if args.sync_bn:
         # Statistics over the global batch, all-reduced in every forward: they pay when per-GPU
@@ -916,8 +1093,9 @@ def train(args):
     model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None,
                 bucket_cap_mb=args.bucket_cap_mb,
                 gradient_as_bucket_view=args.gradient_as_bucket_view)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=MOMENTUM,
-                                weight_decay=args.weight_decay)
+    optimizer = build_optimizer(args, model)
+    scheduler = build_scheduler(args, optimizer,
+                                steps_per_epoch=math.ceil(len(train_loader) / args.accum_steps))
     # fp16 needs loss scaling (small gradients underflow in fp16); bf16 has fp32's range and does
     # not. A disabled scaler passes everything through, so one code path serves all three.
     scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
@@ -925,14 +1103,8 @@ def train(args):
     # The weights came from the same seed everywhere; from here on each process draws its own
     # random numbers (dropout, augmentation), or all of them would repeat one draw.
     set_seed(args.seed + rank)
-    checkpoint, checkpoint_path = agree_on_checkpoint(args, world_size)
-    if checkpoint is None:
-        state = TrainState(rng=rng_state(), loader_rng=train_loader.generator.get_state(),
-                           train_totals=torch.zeros(2, dtype=torch.float64, device=device))
-    else:
-        state = restore(checkpoint, checkpoint_path, model.module, optimizer, scaler, rank, device)
-        train_loader.generator.set_state(state.loader_rng)
-        del checkpoint
+    state, checkpoint_path = start_or_resume(args, model.module, optimizer, scheduler, scaler,
+                                             train_loader, rank, device)
     preemption = Preemption()
 
     out_dir = Path(args.out_dir)
@@ -948,28 +1120,37 @@ def train(args):
     log(f"global batch {args.batch_size * world_size * args.accum_steps} = {args.batch_size} per "
         f"process x {world_size} processes x {args.accum_steps} accumulation steps | "
         f"amp {args.amp}")
+    log_recipe(args)
     if checkpoint_path is not None:
         log(f"resumed from {checkpoint_path}: epoch {state.epoch + 1}, step {state.step_in_epoch}")
     if state.epoch >= args.epochs:
-        log(f"nothing to train: the run already completed {state.epoch} epochs; raise --epochs to "
-            f"train longer, or start afresh with --resume none or another --out-dir")
+        log(f"nothing to train: the run already completed {state.epoch} epochs; start afresh with "
+            f"--resume none or another --out-dir (or, with --lr-schedule constant, raise --epochs)")
 
     try:
+        if args.init_from and checkpoint_path is None:
+            # The starting weights' score, what fine-tuning must improve on (epoch 0).
+            record = {"epoch": 0, **val_record(evaluate(args, model.module, val_loader, device,
+                                                        preemption))}
+            state.history.append(record)
+            if rank == 0:
+                write_metrics(metrics_path, record)
+            log_epoch(record, args.epochs)
         for epoch in range(state.epoch, args.epochs):
             # Without set_epoch the sampler repeats epoch 0's order in every epoch.
             train_loader.sampler.set_epoch(epoch)
             # A resumed epoch skips the samples its first steps consumed, on every process.
             train_loader.sampler.set_start(state.step_in_epoch * args.accum_steps * args.batch_size)
             state.epoch = epoch
-            train_totals = train_one_epoch(args, model, train_loader, optimizer, scaler, device,
-                                           state, preemption)
+            train_totals = train_one_epoch(args, model, train_loader, optimizer, scheduler, scaler,
+                                           device, state, preemption)
             # Every process evaluates its shard through model.module: shards differ in length, and
             # the DDP wrapper's forward starts a collective (a buffer broadcast) that would go
             # unmatched.
             val_start = time.perf_counter()
             val_totals = evaluate(args, model.module, val_loader, device, preemption)
             record = epoch_record(epoch, train_totals, val_totals, state.train_seconds,
-                                  time.perf_counter() - val_start)
+                                  time.perf_counter() - val_start, scheduler.get_last_lr()[0])
             state.history.append(record)
             # The next epoch begins: from here on a checkpoint resumes at its start.
             state.epoch, state.step_in_epoch, state.train_seconds = epoch + 1, 0, 0.0
@@ -982,9 +1163,9 @@ def train(args):
                 preemption.check()
                 check_max_steps(args, state)
             if epoch + 1 == args.epochs or args.ckpt_epochs and (epoch + 1) % args.ckpt_epochs == 0:
-                save_checkpoint(args, model, optimizer, scaler, state)
+                save_checkpoint(args, model, optimizer, scheduler, scaler, state)
     except Stop as stop:
-        save_checkpoint(args, model, optimizer, scaler, state)
+        save_checkpoint(args, model, optimizer, scheduler, scaler, state)
         preemption.close()
         if str(stop) == "preempted":
             log(f"preempted at step {state.global_step}: checkpoint written; requeue with the "

@@ -17,8 +17,10 @@ AMP_FINAL_LOSS_ATOL = 0.3
 # fp16 vs float32 weights after the 6 steps of the accumulation run: measured 2.2e-5, so 10x.
 FP16_WEIGHT_ATOL = 2e-4
 # 2 processes x 4, lr 0.05, 384 samples, 3 epochs: enough steps (144) to leave the initial
-# plateau, so that "the loss falls" is a clear signal (float32: 2.32 -> 1.82).
-LEARNING = ["--batch-size", "4", "--lr", "0.05", "--train-samples", "384", "--epochs", "3"]
+# plateau, so that "the loss falls" is a clear signal (float32: 2.32 -> 1.82). At a constant rate,
+# the setting the distances above were measured in: precision, not the schedule, is under test.
+LEARNING = ["--batch-size", "4", "--lr", "0.05", "--lr-schedule", "constant", "--train-samples", "384",
+            "--epochs", "3"]
 MIN_LOSS_DROP = 0.2
 
 

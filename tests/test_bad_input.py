@@ -145,7 +145,7 @@ def test_resume_of_a_truncated_checkpoint_is_one_clear_error_naming_it(finished_
     bad = tmp_path / "truncated.pt"
     bad.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
     before = snapshot(finished_run)
-    result = launch("ddp_full.py", [*TINY, "--batch-size", "8", "--epochs", "3", "--resume", str(bad),
+    result = launch("ddp_full.py", [*TINY, "--batch-size", "8", "--resume", str(bad),
                                     "--out-dir", str(finished_run)])
     assert_one_clear_error(result, "ddp_full.py", f"checkpoint {bad} cannot be read")
     assert snapshot(finished_run) == before
@@ -160,7 +160,7 @@ def test_resume_of_a_checkpoint_for_another_architecture_is_one_clear_error(fini
     checkpoint["world_size"], checkpoint["rank_states"] = 1, checkpoint["rank_states"][:1]
     torch.save(checkpoint, tmp_path / "other.pt")
     before = snapshot(finished_run)
-    result = launch("ddp_full.py", [*TINY, "--batch-size", "8", "--epochs", "3", "--resume", str(tmp_path / "other.pt"),
+    result = launch("ddp_full.py", [*TINY, "--batch-size", "8", "--resume", str(tmp_path / "other.pt"),
                                     "--out-dir", str(finished_run)])
     assert_one_clear_error(result, "ddp_full.py", "does not fit this model: Error(s) in loading state_dict")
     assert snapshot(finished_run) == before
@@ -178,7 +178,7 @@ def test_resume_with_other_settings_is_one_clear_error(finished_run):
 def test_resume_with_another_world_size_is_one_clear_error(finished_run):
     # The checkpoint holds per-process random states and a per-process data position for 2.
     before = snapshot(finished_run)
-    result = launch("ddp_full.py", [*TINY, "--batch-size", "8", "--epochs", "3", "--out-dir", str(finished_run)])
+    result = launch("ddp_full.py", [*TINY, "--batch-size", "8", "--out-dir", str(finished_run)])
     assert_one_clear_error(result, "ddp_full.py", "was written by 2 processes, this run has 1")
     assert snapshot(finished_run) == before
 

@@ -251,8 +251,7 @@ def test_nodes_that_see_different_checkpoints_stop_with_one_line_and_write_nothi
     before = snapshot(tmp_path / "node0")
     port, processes = free_port(), []
     for node in (0, 1):
-        cmd = command("ddp_full.py", [*TINY, "--batch-size", "4", "--epochs", "3",
-                                      "--out-dir", str(tmp_path / f"node{node}")])
+        cmd = command("ddp_full.py", [*TINY, "--batch-size", "4", "--out-dir", str(tmp_path / f"node{node}")])
         cmd[1:2] = ["-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=2", "--rdzv-backend=c10d",
                     f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=disagree", cmd[1]]
         processes.append(subprocess.Popen(cmd, cwd=ROOT, env=base_env(), stdout=subprocess.PIPE,

@@ -36,12 +36,13 @@ def test_a_checkpoint_restores_onto_another_device_than_the_cpu(runs):
     args = module.parse_args([*TINY, "--batch-size", "8", "--out-dir", str(out_dir)])
     meta = torch.device("meta")
     model = module.build_model(args, module.NUM_SYNTHETIC_CLASSES).to(meta)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=module.MOMENTUM)
+    optimizer = module.build_optimizer(args, model)
+    scheduler = module.build_scheduler(args, optimizer, steps_per_epoch=12)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     checkpoint = module.load_checkpoint(path, args, world_size=2)
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "copying from a non-meta parameter ... is a no-op"
-        state = module.restore(checkpoint, path, model, optimizer, scaler, rank=1, device=meta)
+        state = module.restore(checkpoint, path, model, optimizer, scheduler, scaler, rank=1, device=meta)
         assert torch.equal(torch.get_rng_state(), checkpoint["rank_states"][1]["rng"]["torch"])
     torch.Generator().set_state(state.loader_rng)  # the data loader's generator: CPU bytes too
     assert state.train_totals.device == meta  # what stays on the device went there

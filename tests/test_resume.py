@@ -41,10 +41,10 @@ def test_resume_mid_epoch_then_at_an_epoch_boundary_is_bitwise_equal_to_an_unint
     assert not (tmp_path / "model.pt").exists()
     # Resumed mid-epoch from a copy of the checkpoint named by its path, to the end of epoch 1 ...
     shutil.copy(tmp_path / "checkpoints" / "step_000000002.pt", tmp_path.parent / "saved.pt")
-    second = run_full(tmp_path, *FP16_ACCUM, "--epochs", "1", "--resume", str(tmp_path.parent / "saved.pt"))
+    second = run_full(tmp_path, *FP16_ACCUM, "--max-steps", "3", "--resume", str(tmp_path.parent / "saved.pt"))
     assert "saved.pt: epoch 1, step 2" in second.stdout
     # ... then with --resume auto from the epoch boundary to the end.
-    third = run_full(tmp_path, *FP16_ACCUM, "--epochs", "2")
+    third = run_full(tmp_path, *FP16_ACCUM)
     assert "step_000000003.pt: epoch 2, step 0" in third.stdout
     assert_bitwise_equal(reference, tmp_path)
 
@@ -59,7 +59,7 @@ BATCHNORM = ["--model", "resnet18", "--workers", "0", "--train-samples", "48", "
 def test_resume_of_a_batchnorm_model_is_bitwise_equal_to_an_uninterrupted_run(runs, tmp_path):
     reference = runs.get("full_bn_accum_w2", "ddp_full.py", BATCHNORM, nproc=2)
     run_full(tmp_path, *BATCHNORM, "--max-steps", "1")
-    middle = run_full(tmp_path, *BATCHNORM, "--epochs", "1")
+    middle = run_full(tmp_path, *BATCHNORM, "--max-steps", "2")
     assert "step_000000001.pt: epoch 1, step 1" in middle.stdout
     last = run_full(tmp_path, *BATCHNORM)
     assert "step_000000002.pt: epoch 2, step 0" in last.stdout
@@ -108,5 +108,5 @@ def test_a_finished_run_started_again_says_so_and_trains_nothing(runs, tmp_path)
     # The Quickstart command run a second time: the newest checkpoint is the last epoch's.
     shutil.copytree(runs.get("full_w2", "ddp_full.py", ARGS, nproc=2), tmp_path / "run")
     result = run_full(tmp_path / "run", *ARGS)
-    assert "nothing to train: the run already completed 2 epochs; raise --epochs to train longer" in result.stdout
+    assert "nothing to train: the run already completed 2 epochs; start afresh with --resume none" in result.stdout
     assert "train_loss" not in result.stdout and "step_000000024.pt: epoch 3, step 0" in result.stdout
