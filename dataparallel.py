@@ -610,6 +610,10 @@ def train(args):
     model = model.to(device, memory_format=layout)
     log(f"device {device} x {max(torch.cuda.device_count(), 1)} | {describe(model)} | "
         f"{len(train_set)} train / {len(val_set)} val")
+    if args.compile:
+        # In place: the model keeps its class and its state_dict keys (torch.compile(model) would
+        # return a wrapper that prefixes every key with "_orig_mod."), so model.pt loads anywhere.
+        model.compile()
     # Each forward splits the batch across all visible GPUs and gathers the outputs on the first;
     # with no GPU, DataParallel calls the model as it is.
     model = nn.DataParallel(model)

@@ -613,7 +613,8 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, e
         group_size = min(args.accum_steps, num_batches - group_start)
         last_in_group = batch_index == group_start + group_size - 1
         # DDP decides during the forward whether the coming backward all-reduces, so no_sync must
-        # cover the forward and the backward of every micro-batch but the group's last.
+        # cover the forward and the backward of every micro-batch but the group's last. (DDP reads
+        # the flag in its own code, which is never compiled: the same with --compile.)
         sync_context = contextlib.nullcontext() if last_in_group else model.no_sync()
         with sync_context:
             with autocast(args, device):
@@ -738,6 +739,12 @@ def train(args):
     layout = torch.channels_last if args.channels_last else torch.preserve_format
     model = model.to(device, memory_format=layout)
     log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
+    if args.compile:
+        # In place, before DDP wraps it: dynamo skips torch.nn's own code, DDP's forward included,
+        # so a compiled wrapper compiles only what DDP calls, and nothing at all of a model whose
+        # forward is torch.nn's (nn.Sequential). Called from inside DDP's forward, the compiled
+        # model is still split at DDP's gradient buckets, so all-reduces overlap the backward.
+        model.compile()
     # DDP broadcasts rank 0's weights at construction and averages gradients during backward.
     # device_ids names the one GPU this process drives; on CPU it must be left out.
     model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)

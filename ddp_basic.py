@@ -696,6 +696,12 @@ def train(args):
     layout = torch.channels_last if args.channels_last else torch.preserve_format
     model = model.to(device, memory_format=layout)
     log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
+    if args.compile:
+        # In place, before DDP wraps it: dynamo skips torch.nn's own code, DDP's forward included,
+        # so a compiled wrapper compiles only what DDP calls, and nothing at all of a model whose
+        # forward is torch.nn's (nn.Sequential). Called from inside DDP's forward, the compiled
+        # model is still split at DDP's gradient buckets, so all-reduces overlap the backward.
+        model.compile()
     # DDP broadcasts rank 0's weights at construction and averages gradients during backward.
     # device_ids names the one GPU this process drives; on CPU it must be left out.
     model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)

@@ -406,6 +406,25 @@ def log_recipe(args):
         f"{args.weight_decay:g} | compile {'on' if args.compile else 'off'}")
 
 
+def log_setup(args, model, state, checkpoint_path):
+    """What this run is: the processes, DDP's settings, the batch, the recipe, where it starts."""
+    world_size = dist.get_world_size()
+    log(f"process group {dist.get_backend()} | {world_size} processes | "
+        f"timeout {args.timeout_min:g} min")
+    # Read back from DDP itself, so the line shows what DDP was given.
+    log(f"DDP buckets of {model.bucket_bytes_cap / 2**20:.3g} MB | gradients as bucket views: "
+        f"{'yes' if model.gradient_as_bucket_view else 'no'}")
+    log(f"global batch {args.batch_size * world_size * args.accum_steps} = {args.batch_size} per "
+        f"process x {world_size} processes x {args.accum_steps} accumulation steps | "
+        f"amp {args.amp}")
+    log_recipe(args)
+    if checkpoint_path is not None:
+        log(f"resumed from {checkpoint_path}: epoch {state.epoch + 1}, step {state.step_in_epoch}")
+    if state.epoch >= args.epochs:
+        log(f"nothing to train: the run already completed {state.epoch} epochs; start afresh with "
+            f"--resume none or another --out-dir (or, with --lr-schedule constant, raise --epochs)")
+
+
 def log_epoch(record, epochs):
     metrics = " ".join(f"val_{name} {record[f'val_{name}']:.4f}" for name in EVAL_METRICS)
     if record["epoch"] == 0:  # the starting weights of a fine-tuning run: no training yet
@@ -748,7 +767,8 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
         group_size = min(args.accum_steps, num_batches - group_start)
         last_in_group = batch_index == group_start + group_size - 1
         # DDP decides during the forward whether the coming backward all-reduces, so no_sync must
-        # cover the forward and the backward of every micro-batch but the group's last.
+        # cover the forward and the backward of every micro-batch but the group's last. (DDP reads
+        # the flag in its own code, which is never compiled: the same with --compile.)
         sync_context = contextlib.nullcontext() if last_in_group else model.no_sync()
         with sync_context:
             with autocast(args, device):
@@ -1047,16 +1067,15 @@ def restore(checkpoint, path, model, optimizer, scheduler, scaler, rank, device)
     return state
 
 
-def start_or_resume(args, model, optimizer, scheduler, scaler, train_loader, rank, device):
-    """The TrainState to start from, and the checkpoint's path: a fresh one, or, when every process
-    agrees on a checkpoint, the one it holds, with everything it holds restored."""
-    checkpoint, path = agree_on_checkpoint(args, dist.get_world_size())
+def start_or_resume(checkpoint, path, model, optimizer, scheduler, scaler, train_loader, rank,
+                    device):
+    """The TrainState to start from: a fresh one, or the checkpoint's, with all it holds restored."""
     if checkpoint is None:
         return TrainState(rng=rng_state(), loader_rng=train_loader.generator.get_state(),
-                          train_totals=torch.zeros(2, dtype=torch.float64, device=device)), None
+                          train_totals=torch.zeros(2, dtype=torch.float64, device=device))
     state = restore(checkpoint, path, model, optimizer, scheduler, scaler, rank, device)
     train_loader.generator.set_state(state.loader_rng)
-    return state, path
+    return state
 
 
 # --- main ---------------------------------------------------------------------------------------
@@ -1074,14 +1093,22 @@ def train(args):
                           f"every process needs at least one")
     check_model_fits(args, num_outputs, val_set)
     train_loader, val_loader = build_loaders(args, train_set, val_set, device, rank, world_size)
+    # A checkpoint to resume from, found before the model is built: it wins over --init-from.
+    checkpoint, checkpoint_path = agree_on_checkpoint(args, world_size)
     set_seed(args.seed)
     model = build_model(args, num_outputs)
-    if args.init_from:
+    if args.init_from and checkpoint is None:
         # Rank 0 reads the weights; DDP hands them to every process when it wraps the model.
         rank0_only(rank, init_weights_from, args, model)
     layout = torch.channels_last if args.channels_last else torch.preserve_format
     model = model.to(device, memory_format=layout)
     log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
+    if args.compile:
+        # In place, before DDP wraps it: dynamo skips torch.nn's own code, DDP's forward included,
+        # so a compiled wrapper compiles only what DDP calls, and nothing at all of a model whose
+        # forward is torch.nn's (nn.Sequential). Called from inside DDP's forward, the compiled
+        # model is still split at DDP's gradient buckets, so all-reduces overlap the backward.
+        model.compile()
     if args.sync_bn:
         # Statistics over the global batch, all-reduced in every forward: they pay when per-GPU
         # batches are small. Its state_dict keys are BatchNorm's: checkpoints load either way.
@@ -1103,8 +1130,9 @@ def train(args):
     # The weights came from the same seed everywhere; from here on each process draws its own
     # random numbers (dropout, augmentation), or all of them would repeat one draw.
     set_seed(args.seed + rank)
-    state, checkpoint_path = start_or_resume(args, model.module, optimizer, scheduler, scaler,
-                                             train_loader, rank, device)
+    state = start_or_resume(checkpoint, checkpoint_path, model.module, optimizer, scheduler,
+                            scaler, train_loader, rank, device)
+    del checkpoint
     preemption = Preemption()
 
     out_dir = Path(args.out_dir)
@@ -1112,20 +1140,7 @@ def train(args):
     if rank == 0:
         # A resumed run rewrites the records of the epochs its checkpoint has seen, no more.
         metrics_path.write_text("".join(json.dumps(record) + "\n" for record in state.history))
-    log(f"process group {dist.get_backend()} | {world_size} processes | "
-        f"timeout {args.timeout_min:g} min")
-    # Read back from DDP itself, so the line shows what DDP was given.
-    log(f"DDP buckets of {model.bucket_bytes_cap / 2**20:.3g} MB | gradients as bucket views: "
-        f"{'yes' if model.gradient_as_bucket_view else 'no'}")
-    log(f"global batch {args.batch_size * world_size * args.accum_steps} = {args.batch_size} per "
-        f"process x {world_size} processes x {args.accum_steps} accumulation steps | "
-        f"amp {args.amp}")
-    log_recipe(args)
-    if checkpoint_path is not None:
-        log(f"resumed from {checkpoint_path}: epoch {state.epoch + 1}, step {state.step_in_epoch}")
-    if state.epoch >= args.epochs:
-        log(f"nothing to train: the run already completed {state.epoch} epochs; start afresh with "
-            f"--resume none or another --out-dir (or, with --lr-schedule constant, raise --epochs)")
+    log_setup(args, model, state, checkpoint_path)
 
     try:
         if args.init_from and checkpoint_path is None:

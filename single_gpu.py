@@ -593,6 +593,10 @@ def train(args):
     layout = torch.channels_last if args.channels_last else torch.preserve_format
     model = model.to(device, memory_format=layout)
     log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
+    if args.compile:
+        # In place: the model keeps its class and its state_dict keys (torch.compile(model) would
+        # return a wrapper that prefixes every key with "_orig_mod."), so model.pt loads anywhere.
+        model.compile()
     optimizer = build_optimizer(args, model)
     scheduler = build_scheduler(args, optimizer, steps_per_epoch=len(train_loader))
 

@@ -1,17 +1,21 @@
-"""Run a ladder script with a counting DDP communication hook.
+"""Run a ladder script with a counting DDP communication hook, and count what torch.compile did.
 
     COUNT_SCRIPT=ddp_amp_accum.py COUNT_DIR=DIR torchrun ... tests/count_allreduces.py ARGS
 
 
 The hook wraps PyTorch's own all-reduce hook, so training is unchanged; it counts how often DDP
-all-reduces gradients, and each process writes {"reductions": N} to $COUNT_DIR/rank<R>.json at exit.
-A gradient sync all-reduces every bucket once; bucket 0 is in every sync, so counting it counts syncs.
+all-reduces gradients. A gradient sync all-reduces every bucket once; bucket 0 is in every sync, so
+counting it counts syncs. With --compile, dynamo's own counters of this process say how many graphs
+it captured and why it compiled again (a recompile). Each process writes
+{"reductions": N, "bucket_calls": N, "graphs": N, "recompiles": [reason, ...]} to
+$COUNT_DIR/rank<R>.json at exit.
 """
 import json
 import os
 import runpy
 import sys
 
+import torch._dynamo.utils as dynamo_utils
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
@@ -38,6 +42,11 @@ os.makedirs(os.environ["COUNT_DIR"], exist_ok=True)
 try:
     runpy.run_path(script, run_name="__main__")
 finally:
+    # unique_graphs grows only when dynamo hands a captured graph to its backend (torch 2.14's
+    # output_graph.py); the compilation metrics keep each frame's recompile reason.
+    counts["graphs"] = dynamo_utils.counters["stats"]["unique_graphs"]
+    counts["recompiles"] = [m.recompile_reason for m in dynamo_utils.get_compilation_metrics()
+                            if m.recompile_reason]
     path = os.path.join(os.environ["COUNT_DIR"], f"rank{os.environ.get('RANK', '0')}.json")
     with open(path, "w") as f:
         json.dump(counts, f)
