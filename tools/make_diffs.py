@@ -322,8 +322,8 @@ def guided_page(index, old, new, root):
     out = [f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{title}</title>",
            f"<style>{GUIDED_STYLE}</style></head><body>", f"<h1>{title}</h1>",
            f"<p>Read the sections in order: each says why, then shows only its own changes to "
-           f"<code>{new}</code> (green added, red removed; \u22ef: lines left out, with the line "
-           f"that follows), using only names that earlier sections or steps introduce. The whole "
+           f"<code>{new}</code> (green added, red removed, yellow edited; \u22ef: lines left out, "
+           f"with the line that follows), using only names that earlier sections or steps introduce. The whole "
            f"diff: <a href=\"{name}.diff\">unified</a>, <a href=\"{name}.html\">side by side</a>.</p>",
            "<nav>"]
     out += [f"<a href=\"#{s['key']}\">{html.escape(s['title'])}</a>" for s in sections]
