@@ -5,6 +5,7 @@
     python -m torch.distributed.launch --nproc_per_node=4 ddp_full.py   # the legacy launcher
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc_per_node=4 \
         --max-restarts=3 ddp_full.py                            # restarts resume by themselves
+    (unset, a restart often fails on stale keys of the reused rendezvous store: pytorch#135712)
 
 To train something else, edit the section "your data and model" and nothing else.
 
@@ -58,8 +59,11 @@ OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.03, "weight_decay": 5e-4},
 AMP_DTYPES = {"none": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # A resumed run continues the same training: every setting must match the checkpoint's but these,
 # which change how the run goes on, not what it computes (speed settings change rounding at most).
-# --epochs also may change under a constant learning rate; the cosine schedule is laid over it.
-# --init-from is passed over by a resume: the checkpoint holds the weights.
+# Not so with random augmentation drawn in data-loader workers (--workers above 0): workers are
+# seeded once, when first started; a resumed run starts new ones, which draw other numbers, so it
+# does not end bitwise equal to the run it continues. --init-from is passed over by a resume (the
+# checkpoint holds the weights); --epochs may change under a constant learning rate only, since
+# the cosine schedule is laid over it.
 RESUME_MAY_CHANGE = ("workers", "out_dir", "log_interval", "resume", "ckpt_steps",
                      "ckpt_epochs", "keep_last", "max_steps", "backend", "local_rank",
                      "timeout_min", "bucket_cap_mb", "gradient_as_bucket_view", "channels_last",
@@ -597,8 +601,9 @@ class ResumableDistributedSampler(DistributedSampler):
 class ShardSampler(Sampler):
     """Every world_size-th index from rank, in order, unpadded: each sample once, on one process.
 
-    DistributedSampler pads the set with repeated samples until it divides evenly; counted in
-    validation, those repeats skew the metrics. torch ships no sampler without padding.
+    DistributedSampler pads the set with repeated samples until it divides evenly, or with
+    drop_last=True leaves the remainder out: either skews validation's metrics, counting some
+    samples twice or others never.
     """
 
     def __init__(self, dataset, num_replicas, rank):
@@ -943,6 +948,8 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
     """Write everything an exact resume needs; every process calls this, rank 0 writes the file."""
     start, rank = time.perf_counter(), dist.get_rank()
     # The random states and the partial sums differ between processes: rank 0 gathers them.
+    # Each process draws its own random numbers (seeded with seed + rank, in train), so each one's
+    # state is saved apart and restored to the process of the same rank.
     per_process = {name: getattr(state, name) for name in PER_PROCESS_STATE}
     per_process["train_totals"] = state.train_totals.cpu()
     gathered = [None] * dist.get_world_size() if rank == 0 else None
@@ -1111,7 +1118,8 @@ def train(args):
         model.compile()
     if args.sync_bn:
         # Statistics over the global batch, all-reduced in every forward: they pay when per-GPU
-        # batches are small. Its state_dict keys are BatchNorm's: checkpoints load either way.
+        # batches are small. Its state_dict keys are BatchNorm's: the weights it saves load into
+        # the model built without --sync-bn (model.pt); a resume still needs the same flag.
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     # DDP broadcasts rank 0's weights at construction and averages gradients during backward.
     # device_ids names the one GPU this process drives; on CPU it must be left out.

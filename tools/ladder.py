@@ -133,14 +133,40 @@ def statement_starts(lines):
     return starts
 
 
+def line_matcher(old_lines, new_lines):
+    """Matches the lines of two versions of a region; whitespace does not count."""
+    return difflib.SequenceMatcher(None, [" ".join(l.split()) for l in old_lines],
+                                   [" ".join(l.split()) for l in new_lines], autojunk=False)
+
+
+def unchanged_lines(old_lines, new_lines):
+    """{index in new_lines: index in old_lines} of the lines a step left as they were."""
+    return {j1 + k: i1 + k for tag, i1, i2, j1, j2 in line_matcher(old_lines, new_lines).get_opcodes()
+            if tag == "equal" for k in range(j2 - j1)}
+
+
+def statement_ranges(lines, starts, first, last):
+    """Lines [first, last) cut where a statement begins at no deeper a level than the first
+    statement, comments going with the statement below them: [(start, end)]."""
+    cuts, level = [first], None
+    for k in range(first, last):
+        indent = len(lines[k]) - len(lines[k].lstrip())
+        after_comment = k > first and lines[k - 1].strip().startswith("#")
+        if k in starts and k > first and not after_comment and (level is None or indent <= level):
+            cuts.append(k)
+            level = indent
+        elif k in starts and level is None:
+            level = indent
+    return list(zip(cuts, cuts[1:] + [last]))
+
+
 def change_chunks(old_lines, new_lines):
     """The changes between two versions of a region as (old_range, new_range) pairs of line
     indices, one statement each: a block of changed lines is cut where a statement begins at no
     deeper a level than the chunk's first statement, comments going with the statement below
     them, and lines replaced go with the first statement that replaces them. Whitespace does not
     count."""
-    matcher = difflib.SequenceMatcher(None, [" ".join(l.split()) for l in old_lines],
-                                      [" ".join(l.split()) for l in new_lines], autojunk=False)
+    matcher = line_matcher(old_lines, new_lines)
     old_starts, new_starts = statement_starts(old_lines), statement_starts(new_lines)
     chunks = []
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
@@ -148,16 +174,7 @@ def change_chunks(old_lines, new_lines):
             continue
         lines, starts, first, last = (old_lines, old_starts, i1, i2) if tag == "delete" else \
             (new_lines, new_starts, j1, j2)
-        cuts, level = [first], None
-        for k in range(first, last):
-            indent = len(lines[k]) - len(lines[k].lstrip())
-            after_comment = k > first and lines[k - 1].strip().startswith("#")
-            if k in starts and k > first and not after_comment and (level is None or indent <= level):
-                cuts.append(k)
-                level = indent
-            elif k in starts and level is None:
-                level = indent
-        for n, (a, b) in enumerate(zip(cuts, cuts[1:] + [last])):
+        for n, (a, b) in enumerate(statement_ranges(lines, starts, first, last)):
             if tag == "delete":
                 chunks.append(((a, b), (j1, j1)))
             else:
@@ -171,24 +188,112 @@ def chunk_text(old_lines, new_lines, chunk):
     return [f"-{l}" for l in old_lines[i1:i2]] + [f"+{l}" for l in new_lines[j1:j2]]
 
 
+REMOVED = "removed:"
+
+
 def tag_chunks(old_lines, new_lines, spec):
     """[(concept, chunk)] for one region, and the markers of spec that tagged nothing.
 
     spec is a concept name (every change of the region serves it) or a list of (marker, concept)
     pairs: a chunk serves the concept of the first marker found in its changed lines; a chunk
     without any is tagged None (the guard reports it). Changes of blank lines only are no change.
+    A marker that begins with REMOVED claims the removed statements (comments with the one below)
+    whose lines hold the rest of it: they become a removal of their own, with that marker's
+    concept; the chunk's other lines go to the first plain marker found in them (a statement
+    removed for one concept, and replaced in the same place by code that serves another).
     """
     chunks = [chunk for chunk in change_chunks(old_lines, new_lines)
               if any(line[1:].strip() for line in chunk_text(old_lines, new_lines, chunk))]
     if isinstance(spec, str):
         return [(spec, chunk) for chunk in chunks], []
+    plain = [(marker, concept) for marker, concept in spec if not marker.startswith(REMOVED)]
+    removal = [(marker.removeprefix(REMOVED), concept) for marker, concept in spec
+               if marker.startswith(REMOVED)]
+    old_starts = statement_starts(old_lines) if removal else set()
     tagged, used = [], set()
-    for chunk in chunks:
-        text = "\n".join(chunk_text(old_lines, new_lines, chunk))
-        found = next(((marker, concept) for marker, concept in spec if marker in text), (None, None))
-        used.add(found[0])
-        tagged.append((found[1], chunk))
+    for (i1, i2), (j1, j2) in chunks:
+        pieces = []  # (claiming marker or None, (start, end)) of the removed statements
+        for a, b in statement_ranges(old_lines, old_starts, i1, i2) if removal else []:
+            claim = next((pair for pair in removal if any(pair[0] in l for l in old_lines[a:b])), None)
+            if pieces and pieces[-1][0] == claim:
+                pieces[-1] = (claim, (pieces[-1][1][0], b))
+            else:
+                pieces.append((claim, (a, b)))
+        if not any(claim for claim, _ in pieces):
+            pieces = []
+        rest = [line for claim, (a, b) in pieces if claim is None for line in old_lines[a:b]]
+        text = "\n".join([f"-{l}" for l in (rest if pieces else old_lines[i1:i2])] +
+                         [f"+{l}" for l in new_lines[j1:j2]])
+        found = next(((marker, concept) for marker, concept in plain if marker in text), (None, None))
+        if not pieces:
+            used.add(found[0])
+            tagged.append((found[1], ((i1, i2), (j1, j2))))
+            continue
+        for claim, (a, b) in pieces:
+            used.add(REMOVED + claim[0] if claim else found[0])
+            tagged.append(((claim or found)[1], ((a, b), (j1, j1))))
+        if j2 > j1:
+            used.add(found[0])
+            tagged.append((found[1], ((i2, i2), (j1, j2))))
     return tagged, [marker for marker, _ in spec if marker not in used]
+
+
+def line_names(text):
+    """{line number: (names bound on the line, names read on it)} of a script, each name as
+    (scope, name): scope is the function it belongs to (its qualified name), or None for the
+    module. Definitions, parameters, imports, assignment and loop targets bind; loads read; a name
+    a function reads but never binds is the module's. Attributes are not names (`state.epoch`
+    reads `state` only)."""
+    found, bound_in = {}, {}
+
+    def note(line, kind, scope, name):
+        found.setdefault(line, ([], []))[kind].append((scope, name))
+        if kind == 0:
+            bound_in.setdefault(scope, set()).add(name)
+
+    def visit(node, scope, prefix):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                note(child.lineno, 0, scope, child.name)
+                for part in child.decorator_list + getattr(child, "bases", []):
+                    visit_expression(part, scope)
+                if isinstance(child, ast.ClassDef):
+                    visit(child, scope, f"{prefix}{child.name}.")
+                else:
+                    inner = f"{prefix}{child.name}"
+                    for default in child.args.defaults + child.args.kw_defaults:
+                        if default is not None:
+                            visit_expression(default, scope)
+                    for arg in ast.walk(child.args):
+                        if isinstance(arg, ast.arg):
+                            note(arg.lineno, 0, inner, arg.arg)
+                    for statement in child.body:
+                        visit_statement(statement, inner, f"{inner}.")
+            else:
+                visit_statement(child, scope, prefix)
+
+    def visit_statement(node, scope, prefix):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            holder = ast.Module(body=[node], type_ignores=[])
+            visit(holder, scope, prefix)
+            return
+        if isinstance(node, ast.alias):
+            note(node.lineno, 0, scope, (node.asname or node.name).split(".")[0])
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            note(node.lineno, 0, scope, node.name)
+        elif isinstance(node, ast.Name):
+            note(node.lineno, 0 if isinstance(node.ctx, (ast.Store, ast.Del)) else 1, scope, node.id)
+        for child in ast.iter_child_nodes(node):
+            visit_statement(child, scope, prefix)
+
+    def visit_expression(node, scope):
+        visit_statement(node, scope, "")
+
+    visit(ast.parse(text), None, "")
+    # A name read in a function that never binds it is the module's.
+    return {line: ({(scope, name) for scope, name in bound},
+                   {(scope if name in bound_in.get(scope, ()) else None, name) for scope, name in read})
+            for line, (bound, read) in found.items()}
 
 
 if __name__ == "__main__":

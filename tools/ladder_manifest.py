@@ -7,15 +7,25 @@ For each step (the later script of a pair):
   concepts    the concepts the step teaches, in teaching order: (key, title, why it matters)
   regions     every region (tools/ladder.py) the step changes or adds, with the concept it serves:
               a key, or for a region that serves several, (marker, key) pairs -- each change of
-              the region goes to the first pair whose marker is in its changed lines
+              the region goes to the first pair whose marker is in its changed lines; a marker
+              "removed:<text>" takes the removed statements holding <text> on their own
+              (tools/ladder.py, tag_chunks)
   removed     regions the step removes, with their concept
+  ahead       optional: {name: key} for a name that a section uses before the section `key`
+              introduces it (one line, say, that serves both); the page says where it comes from
   flags_added the new command-line flags
   diff_size   (lines added, lines removed) of the whole diff, as `diff -u` counts them
-The key "top" collects the docstring and imports, shown once before the concepts.
+The key "top" collects the docstring; a guided page shows there too the changes of the regions in
+SHOWN_AT_TOP (imports, flags and their checks), once, whatever concept each serves.
 """
 
-TOP = ("top", "The top of the file", "The docstring and the imports: what the step is for, how "
-       "to launch it, and what it newly needs from torch and the standard library.")
+# Regions that declare what a step needs: the docstring, the imports, the flags and their checks.
+# A guided page shows their changes once, in the top section, whatever concept each serves.
+SHOWN_AT_TOP = ("docstring", "imports", "parse_args", "AT_LEAST", "POSITIVE", "check_args")
+
+TOP = ("top", "The top of the file: docstring, imports, flags",
+       "What the step is for and how to launch it, what it newly imports, and its new flags with "
+       "their checks: each is put to use in a section below.")
 
 MANIFEST = {
     "dataparallel.py": {
@@ -113,32 +123,41 @@ MANIFEST = {
         "concepts": [
             TOP,
             ("validation", "Exact validation on every process",
-             "Each process scores an unpadded shard (DistributedSampler would repeat samples) with "
-             "rank 0's BatchNorm statistics, and one all-reduce of sums and counts after the loop "
-             "gives the whole set's metrics: the saved model's, exactly, in 1/N of the time."),
-            ("checkpoint", "Checkpoints of everything",
-             "A TrainState holds where the run stands as of its last optimizer step. Rank 0 "
-             "gathers each process's random states and partial sums and writes model, optimizer, "
-             "scaler and state to a temporary file, then renames it: a reader never sees half."),
-            ("resume", "Exact resume, agreed by every process",
-             "Every process finds the newest readable checkpoint, and one collective makes sure "
-             "all found the same. It restores every state, on the CPU first, and skips the samples "
-             "the epoch consumed: the run ends bitwise as if never stopped."),
+             "Each process scores its own unpadded shard with rank 0's BatchNorm statistics; one "
+             "all-reduce of sums and counts gives the whole set's exact metrics in 1/N of the "
+             "time."),
+            ("state", "Where the run stands: TrainState",
+             "A TrainState follows every optimizer step: what all processes share (epoch, step, "
+             "history) and what each holds alone (its random states, its partial sums)."),
+            ("checkpoint", "Writing checkpoints",
+             "Rank 0 gathers every process's own state and saves it with the model, optimizer and "
+             "scaler through atomic_save: a temporary file, then a rename, so a crash mid-write "
+             "leaves the previous checkpoint whole."),
+            ("resume", "Finding and agreeing on a checkpoint",
+             "Every process loads the newest readable checkpoint itself, passing over torn or "
+             "foreign files; one all-gather makes sure all found the same. The same command "
+             "serves a first start and every restart."),
+            ("position", "Putting the data position back mid-epoch",
+             "A checkpoint taken mid-epoch resumes at the next sample: the sampler skips what the "
+             "epoch's first steps consumed, and the sums and timings go on from the saved ones."),
             ("stop", "Stopping early: preemption and --max-steps",
-             "SIGTERM sets a flag that all processes all-reduce after every batch, in training and "
-             "in validation, so all raise Stop at the same batch; train() writes a checkpoint and "
-             "exits 75, requeue me. --max-steps stops the same way."),
+             "All processes raise Stop at the same batch, in training or validation, on SIGTERM "
+             "(Preemption) or at --max-steps; train() then writes a checkpoint and exits: 75, "
+             "requeue me, after a SIGTERM."),
             ("syncbn", "SyncBatchNorm",
              "--sync-bn normalises with statistics of the global batch, all-reduced in every "
              "forward: worth it for small per-GPU batches. It needs CUDA."),
             ("buckets", "DDP's bucket settings",
              "Gradients travel in buckets, all-reduced as backward fills them. Bigger buckets and "
-             "gradients kept in them change how they travel, not what is averaged; bench/ shows "
-             "where they pay."),
+             "gradients kept in them change how they travel, not what is averaged."),
         ],
+        "ahead": {
+            "checkpoint": "resume",
+            "preemption": "stop",
+        },
         "regions": {
             "docstring": "top",
-            "imports": [("dataclasses", "checkpoint"), ("itertools", "resume"), ("pickle", "resume"),
+            "imports": [("dataclasses", "state"), ("itertools", "position"), ("pickle", "resume"),
                         ("import re", "checkpoint"), ("signal", "stop"), ("Sampler", "validation")],
             "RESUME_MAY_CHANGE": "resume",
             "CHECKPOINT_NAME": "checkpoint",
@@ -151,25 +170,28 @@ MANIFEST = {
             "check_args": "resume",
             "Stop": "stop",
             "Preemption": "stop",
-            "ResumableDistributedSampler": "resume",
+            "ResumableDistributedSampler": "position",
             "ShardSampler": "validation",
-            "build_loaders": [("ShardSampler", "validation"), ("Resumable", "resume"),
-                              ("# --- data loading", "resume")],
-            "train_one_epoch": [("preemption", "stop"), ("check_max_steps", "stop"),
-                                ("epoch_totals", "validation"), ("state.rng", "checkpoint"),
-                                ("state.step_in_epoch, state.global_step", "checkpoint"),
-                                ("start_seconds + elapsed", "checkpoint"), ("state", "resume"),
-                                ("loader.sampler.num_samples", "resume"), ("first_step", "resume"),
-                                ("start_samples", "resume"),
-                                ("if last_in_group:", "stop"),
-                                ("elapsed = time.perf_counter() - start", "checkpoint")],
+            "build_loaders": [("ShardSampler", "validation"), ("Resumable", "position"),
+                              ("# --- data loading", "position")],
+            "train_one_epoch": [("removed:for batch_index", "position"),
+                                ("removed:start = time.perf_counter()", "position"),
+                                ("def train_one_epoch", "state"), ("preemption", "stop"),
+                                ("check_max_steps", "stop"), ("if last_in_group:", "stop"),
+                                ("epoch_totals", "validation"),
+                                ("first_step, start_seconds", "state"), ("state.rng", "state"),
+                                ("state.step_in_epoch, state.global_step", "state"),
+                                ("start_seconds + elapsed", "state"),
+                                ("elapsed = time.perf_counter() - start", "state"),
+                                ("state", "position"), ("loader.sampler.num_samples", "position"),
+                                ("first_step", "position"), ("start_samples", "position")],
             "check_max_steps": "stop",
             "evaluate": [("preemption", "stop"), ("batches = iter", "stop"), ("shorter one", "stop"),
-                         ("", "validation")],
-            "TrainState": "checkpoint",
-            "SHARED_STATE": "checkpoint",
-            "PER_PROCESS_STATE": "checkpoint",
-            "rng_state": "checkpoint",
+                         ("longest", "stop"), ("", "validation")],
+            "TrainState": "state",
+            "SHARED_STATE": "state",
+            "PER_PROCESS_STATE": "state",
+            "rng_state": "state",
             "set_rng_state": "resume",
             "save_checkpoint": "checkpoint",
             "list_checkpoints": "checkpoint",
@@ -177,17 +199,22 @@ MANIFEST = {
             "find_checkpoint": "resume",
             "agree_on_checkpoint": "resume",
             "restore": "resume",
-            "train": [("try:", "stop"), ("sync_bn", "syncbn"), ("bucket", "buckets"), ("Stop", "stop"),
-                      ("preemption", "stop"), ("checkpoint_path", "resume"),
-                      ("set_start", "resume"), ("nothing to train", "resume"), ("history", "resume"),
-                      ("state.epoch = epoch", "resume"), ("save_checkpoint", "checkpoint"),
-                      ("TrainState", "checkpoint"), ("state.", "checkpoint"),
-                      ("evaluate", "validation"), ("return 0", "stop"), ("if rank == 0:", "resume")],
+            "train": [("removed:if rank != 0:", "validation"), ("removed:epoch_start =", "state"),
+                      ("removed:record = epoch_record", "state"),
+                      ("removed:train_one_epoch(", "state"),
+                      ("try:", "stop"), ("sync_bn", "syncbn"), ("bucket", "buckets"), ("Stop", "stop"),
+                      ("train_one_epoch(", "state"), ("preemption", "stop"),
+                      ("if checkpoint is None", "state"), ("checkpoint_path", "resume"),
+                      ("set_start", "position"), ("nothing to train", "resume"),
+                      ("metrics_path", "resume"), ("save_checkpoint", "checkpoint"),
+                      ("state.", "state"), ("if rank == 0:", "validation"),
+                      ("Every process evaluates its shard", "validation"),
+                      ("return 0", "stop")],
             "main": "stop",
         },
         "removed": {},
         "flags_added": {"--resume", "--ckpt-steps", "--ckpt-epochs", "--keep-last", "--max-steps",
                         "--sync-bn", "--bucket-cap-mb", "--gradient-as-bucket-view"},
-        "diff_size": (441, 70),
+        "diff_size": (449, 70),
     },
 }

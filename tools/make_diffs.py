@@ -9,14 +9,17 @@
 tests/test_ladder_diffs.py fails when these files differ from what this tool would write now.
 Standard library only.
 """
+import ast
 import difflib
 import html
+import itertools
+import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ladder  # noqa: E402
-from ladder_manifest import MANIFEST  # noqa: E402
+from ladder_manifest import MANIFEST, SHOWN_AT_TOP  # noqa: E402
 from pitfalls import PITFALLS  # noqa: E402
 
 # Two 100-column scripts side by side, with line numbers, fit a 1600-pixel-wide window at 11 px.
@@ -47,90 +50,311 @@ body {font-family: sans-serif; max-width: 1500px; margin: 1em auto; padding: 0 1
 nav a {margin-right: 1.2em}
 h2 {border-top: 2px solid #ccc; padding-top: .6em; margin-top: 1.6em}
 p.why {font-size: 15px; max-width: 60em; line-height: 1.45}
+p.uses {font-size: 13px; color: #444}
 h3 {font-size: 14px; margin: 1.1em 0 .3em; font-weight: normal}
 h3 code {font-weight: bold}
 pre {font-size: 12px; line-height: 1.35; background: #fafafa; border: 1px solid #ddd; padding: .4em 0;
      margin: .2em 0; overflow-x: auto}
 pre span {display: block; padding: 0 .6em; white-space: pre}
 .add {background: #e6ffec} .del {background: #ffebe9; color: #555} .ctx {color: #666}
-.n {color: #999; display: inline-block; width: 4.5em; user-select: none}
+.gap {color: #999} .mod {background: #fff8c5}
+del {background: #ffc1c0; text-decoration: line-through} ins {background: #abf2bc; text-decoration: none}
 """
+MARKS = {"add": "+", "del": "-", "mod": "~", "ctx": " ", "gap": " "}
+# A removed line that an added one keeps this much of (difflib's ratio) is shown as that line,
+# edited: the words it lost struck through, the words it gained marked.
+EDITED = 0.7
+# Unchanged lines shown above each change, to place it: none, the line number does.
+CONTEXT = 0
+# A new function or class whose body runs longer than this is shown by its signature, docstring
+# and (a function's) comments, the body left to the script: read whole, a new definition is easy
+# to follow there, while the changes to old code, scattered through it, are what a guided page
+# gathers.
+FOLD_LINES = 4
 
 
-def guided_blocks(old_lines, new_lines, chunks, new_start, old_start, context=2):
-    """Display blocks for the chunks of one region: nearby chunks share one block, with context."""
-    blocks = []
-    for chunk in chunks:
-        (i1, i2), (j1, j2) = chunk
-        if blocks and j1 - blocks[-1]["j2"] <= 2 * context and i1 - blocks[-1]["i2"] <= 2 * context:
-            blocks[-1]["chunks"].append(chunk)
-            blocks[-1]["i2"], blocks[-1]["j2"] = i2, j2
-        else:
-            blocks.append({"chunks": [chunk], "i2": i2, "j2": j2})
-    rendered = []
-    for block in blocks:
-        rows = []
-        (i1, _), (j1, _) = block["chunks"][0]
-        for k in range(max(0, j1 - context), j1):
-            rows.append(("ctx", new_start + k + 1, new_lines[k]))
-        for n, ((a1, a2), (b1, b2)) in enumerate(block["chunks"]):
-            if n:  # the unchanged lines between two chunks of one block
-                previous_end = block["chunks"][n - 1][1][1]
-                rows += [("ctx", new_start + k + 1, new_lines[k]) for k in range(previous_end, b1)]
-            rows += [("del", old_start + k + 1, old_lines[k]) for k in range(a1, a2)]
-            rows += [("add", new_start + k + 1, new_lines[k]) for k in range(b1, b2)]
-        for k in range(block["j2"], min(len(new_lines), block["j2"] + context)):
-            rows.append(("ctx", new_start + k + 1, new_lines[k]))
-        rendered.append(rows)
-    return rendered
+def gap(number, left_out):
+    """The row that stands for lines left out, up to line `number` of the new script: the number
+    shown where more than a few are."""
+    return ("gap", "", f"\u22ef line {number}" if left_out > 3 else "\u22ef")
 
 
-def guided_page(index, old, new, root):
-    """One section per concept of the step, in teaching order, with only that concept's changes."""
+def folded(lines, start):
+    """The rows of an added region: all of it, or, for a def or class whose body runs over
+    FOLD_LINES lines, the lines through its docstring and a row that says where the rest is."""
+    node = ast.parse("\n".join(lines)).body[-1]
+    rows = [("add", start + k + 1, line) for k, line in enumerate(lines)]
+    if not isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+        return without_blank_rows(rows)
+    first = node.body[0]
+    docstring = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+    shown = first.end_lineno if docstring else first.lineno - 1
+    if len(lines) - shown <= FOLD_LINES:
+        return without_blank_rows(rows)
+    # A function's comments say why its body does what it does: they stay, each where it stands.
+    kept = without_blank_rows(rows[:shown])
+    for k in range(shown, len(lines)):
+        if isinstance(node, ast.FunctionDef) and lines[k].strip().startswith("#"):
+            if kept[-1][0] != "add" or kept[-1][1] != start + k:
+                kept.append(("gap", "", "\u22ef"))
+            kept.append(rows[k])
+    rest = f"\u22ef the body: lines {start + shown + 1}-{start + len(lines)}"
+    if kept[-1][0] == "gap":
+        kept.pop()
+    return kept + [("gap", "", rest)]
+
+
+def docstring_rows(rows, lines, start):
+    """A docstring's rows on a guided page: the new title and launch commands (its first two
+    paragraphs), not the old step's; the prose after them sums up the sections below, and the
+    last row says where to read it."""
+    blank = [k for k, line in enumerate(lines) if not line.strip()]
+    end = start + (blank[1] if len(blank) > 1 else len(lines))  # the last line of paragraph two
+    kept = without_blank_rows([row for row in rows if row[0] in ("add", "ctx") and row[1] <= end])
+    if any(row[0] == "add" and row[1] > end for row in rows):
+        kept.append(("gap", "", f"\u22ef lines {end + 2}-{start + len(lines)}: the step in brief"))
+    return kept
+
+
+def region_rows(old_lines, new_lines, chunks, new_start, old_start):
+    """The rows of one region in one section, as (class, line number, text): its chunks, each
+    below up to CONTEXT unchanged lines. Lines that other sections add or remove are never shown
+    here, not even as context: a gap row, with the line number of what follows it, stands for
+    whatever is left out."""
+    unchanged = ladder.unchanged_lines(old_lines, new_lines)
+    rows, shown = [], -1  # shown: the index in new_lines of the last line shown, or passed over
+
+    for (i1, i2), (j1, j2) in chunks:
+        first = j1
+        while first > shown + 1 and first - 1 in unchanged and j1 - first < CONTEXT:
+            first -= 1
+        skipped = range(shown + 1, first)
+        if rows and any(k not in unchanged or new_lines[k].strip() for k in skipped):
+            rows.append(gap(new_start + first + 1, len(skipped)))
+        rows += [("ctx", new_start + k + 1, new_lines[k]) for k in range(first, j1)]
+        rows += [("del", old_start + k + 1, old_lines[k]) for k in range(i1, i2)]
+        rows += [("add", new_start + k + 1, new_lines[k]) for k in range(j1, j2)]
+        shown = max(shown, j2 - 1)
+    return without_blank_rows(rows)
+
+
+def without_blank_rows(rows):
+    """The rows without blank lines of context, nor blank lines first or last."""
+    kept = [row for row in rows if row[2].strip() or row[0] in ("add", "del")]
+    while kept and not kept[-1][2].strip():
+        kept.pop()
+    while kept and not kept[0][2].strip():
+        kept.pop(0)
+    return kept
+
+
+def guided_sections(old, new, root):
+    """The sections of a step's guided page, in teaching order: one per concept of the manifest,
+    each a dict with its key, title, why, the regions it shows [(name, kind, rows)], the lines of
+    the new script it adds (`added`) and `uses`: the functions and classes its added lines call
+    that earlier steps wrote and this one leaves unchanged, each named once, where first used.
+
+    The changes of the regions in SHOWN_AT_TOP (imports, flags and their checks) all go to the
+    top section, whatever concept each serves: shown once, not again in every section."""
     entry = MANIFEST[new]
     old_text, new_text = ladder.read(old, root), ladder.read(new, root)
     old_regions, new_regions = ladder.regions(old_text), ladder.regions(new_text)
     old_starts, new_starts = ladder.region_starts(old_text), ladder.region_starts(new_text)
-    by_concept = {key: [] for key, _, _ in entry["concepts"]}
+    keys = [key for key, _, _ in entry["concepts"]]
+    sections = [{"key": key, "title": title, "why": why, "regions": [], "added": [], "uses": []}
+                for key, title, why in entry["concepts"]]
+    by_key = {section["key"]: section for section in sections}
     for name in new_regions:  # file order
         if name not in entry["regions"]:
             continue
         old_lines, new_lines = old_regions.get(name, []), new_regions[name]
         tagged, _ = ladder.tag_chunks(old_lines, new_lines, entry["regions"][name])
-        for key in by_concept:
+        if name in SHOWN_AT_TOP and "top" in by_key:
+            tagged = [("top", chunk) for _, chunk in tagged]
+        for key in keys:
             chunks = [chunk for concept, chunk in tagged if concept == key]
-            if chunks:
-                blocks = guided_blocks(old_lines, new_lines, chunks, new_starts[name], old_starts.get(name, 0))
-                by_concept[key].append((name, "added" if name not in old_regions else "changed", blocks))
+            if not chunks:
+                continue
+            if name in old_regions:
+                rows = region_rows(old_lines, new_lines, chunks, new_starts[name], old_starts[name])
+                if name == "docstring":
+                    rows = docstring_rows(rows, new_lines, new_starts[name])
+                by_key[key]["regions"].append((name, "changed", rows))
+                by_key[key]["added"] += [number for cls, number, _ in rows if cls == "add"]
+            else:  # a whole new region: one concept's, all its lines added (folded or not)
+                by_key[key]["regions"].append((name, "added", folded(new_lines, new_starts[name])))
+                by_key[key]["added"] += [new_starts[name] + k + 1 for k in range(len(new_lines))]
     for name, key in entry["removed"].items():
-        lines = old_regions[name]
-        rows = [("del", old_starts[name] + k + 1, line) for k, line in enumerate(lines)]
-        by_concept[key].append((name, "removed", [rows]))
+        rows = without_blank_rows([("del", old_starts[name] + k + 1, line)
+                                   for k, line in enumerate(old_regions[name])])
+        by_key[key]["regions"].append((name, "removed", rows))
+    # What this step's code leans on from earlier steps without changing it: named where first used.
+    old_tree = ast.parse(old_text)
+    earlier = {node.name for node in old_tree.body
+               if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name not in entry["regions"]}
+    names, starts, named = ladder.line_names(new_text), ladder.region_starts(new_text), set()
+    for section in sections[1:] if sections[0]["key"] == "top" else sections:
+        read = [name for line in section["added"] for scope, name in sorted(names.get(line, ((), ()))[1], key=str)
+                if scope is None]
+        for name in dict.fromkeys(read):
+            if name in earlier and name in starts and name not in named:
+                named.add(name)
+                section["uses"].append((name, definition_line(new_text, name)))
+    return sections
+
+
+def definition_line(text, name):
+    """The line of the top-level `def` or `class` called name."""
+    return next(node.lineno for node in ast.parse(text).body
+                if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name)
+
+
+def forward_uses(old, new, root=ladder.ROOT):
+    """[(section index, line, name, index of the later section that introduces it)]: each name an
+    added line of a section reads that neither an earlier step nor this section or an earlier
+    one binds (in the same function, or at module level)."""
+    sections = guided_sections(old, new, root)
+    names = ladder.line_names(ladder.read(new, root))
+    earlier = set().union(*(bound for bound, _ in ladder.line_names(ladder.read(old, root)).values()))
+    introduced = {}
+    for index, section in enumerate(sections):
+        for line in section["added"]:
+            for key in names.get(line, ((), ()))[0]:
+                introduced.setdefault(key, index)
+    found = []
+    for index, section in enumerate(sections):
+        for line in section["added"]:
+            for scope, name in sorted(names.get(line, ((), ()))[1], key=str):
+                later = introduced.get((scope, name), index)
+                if (scope, name) not in earlier and later > index:
+                    found.append((index, line, name, later))
+    return found
+
+
+def forward_references(old, new, root=ladder.ROOT):
+    """[(section title, line, name, title of the later section that introduces it)]: the forward
+    uses that the manifest's "ahead" does not declare, so the page cannot say where they are from."""
+    sections = guided_sections(old, new, root)
+    ahead = MANIFEST[new].get("ahead", {})
+    return [(sections[index]["title"], line, name, sections[later]["title"])
+            for index, line, name, later in forward_uses(old, new, root)
+            if ahead.get(name) != sections[later]["key"]]
+
+
+def changed_lines(rows):
+    """The rows with each removed line that an added line of the same chunk edits (most of it
+    kept) folded into that line, as a "mod" row whose text is (old line, new line)."""
+    out, k = [], 0
+    while k < len(rows):
+        if rows[k][0] != "del":
+            out.append(rows[k])
+            k += 1
+            continue
+        removed = [row for row in itertools.takewhile(lambda row: row[0] == "del", rows[k:])]
+        k += len(removed)
+        added = [row for row in itertools.takewhile(lambda row: row[0] == "add", rows[k:])]
+        k += len(added)
+        pairs, at = [], 0  # (index in removed, index in added) of each edited line, in order
+        for i, row in enumerate(removed):
+            for j in range(at, len(added)):
+                if difflib.SequenceMatcher(None, row[2].strip(), added[j][2].strip()).ratio() >= EDITED:
+                    pairs.append((i, j))
+                    at = j + 1
+                    break
+        done_removed = done_added = 0
+        for i, j in pairs + [(len(removed), len(added))]:
+            out += removed[done_removed:i] + added[done_added:j]
+            if i < len(removed):
+                out.append(("mod", added[j][1], (removed[i][2], added[j][2])))
+            done_removed, done_added = i + 1, j + 1
+    return out
+
+
+def word_diff(old_line, new_line):
+    """The new line in HTML, its words that replace old ones marked, the old ones struck through."""
+    tokens = re.compile(r"\w+|\s+|[^\w\s]")
+    a, b = tokens.findall(old_line.strip()), tokens.findall(new_line.strip())
+    out = [html.escape(new_line[:len(new_line) - len(new_line.lstrip())])]
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if tag in ("delete", "replace"):
+            out.append(f"<del>{html.escape(''.join(a[i1:i2]))}</del>")
+        if tag in ("insert", "replace"):
+            out.append(f"<ins>{html.escape(''.join(b[j1:j2]))}</ins>")
+        if tag == "equal":
+            out.append(html.escape("".join(b[j1:j2])))
+    return "".join(out)
+
+
+def render_rows(rows):
+    """One region's rows as a <pre>. Excerpts lose the indentation they all share: the heading
+    says where they stand."""
+    rows = changed_lines(rows)
+    texts = [line[1] if cls == "mod" else line for cls, _, line in rows if cls != "gap"]
+    indent = min((len(t) - len(t.lstrip()) for t in texts if t.strip()), default=0)
+    spans = []
+    for cls, _, line in rows:
+        if cls == "gap":
+            text = html.escape(line)
+        elif cls == "mod":
+            text = word_diff(line[0], line[1])[indent:]
+        else:
+            text = html.escape(line[indent:])
+        spans.append(f"<span class=\"{cls}\">{MARKS[cls]} {text}</span>")
+    return "<pre>" + "".join(spans) + "</pre>"
+
+
+def where(rows, old, new):
+    """Where a region's rows stand: the first line of the new script they show, else the first
+    removed line of the old one."""
+    for cls, number, line in rows:
+        if cls in ("add", "ctx"):
+            return f"line {number}"
+        if line.startswith("\u22ef line"):
+            return line.removeprefix("\u22ef ")
+    return f"{old} line {rows[0][1]}"
+
+
+def guided_page(index, old, new, root):
+    """One section per concept of the step, in teaching order, with only that concept's changes."""
     name = diff_name(index, old, new)
+    sections = guided_sections(old, new, root)
     title = f"Step {index} &rarr; {index + 1}: {old} &rarr; {new}, one concept at a time"
     out = [f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{title}</title>",
            f"<style>{GUIDED_STYLE}</style></head><body>", f"<h1>{title}</h1>",
-           f"<p>The diff of <code>{old}</code> and <code>{new}</code>, cut into its concepts and read in "
-           f"teaching order: each section explains why, then shows only the changes that serve it (green: "
-           f"added, red: removed, grey: unchanged context, with line numbers of the two files). The whole "
-           f"diff: <a href=\"{name}.diff\">unified</a>, <a href=\"{name}.html\">side by side</a>. Which "
-           f"change serves which concept is declared in <code>tools/ladder_manifest.py</code>, and the "
-           f"diff guard fails when a change has none.</p>", "<nav>"]
-    out += [f"<a href=\"#{key}\">{html.escape(title_)}</a>" for key, title_, _ in entry["concepts"]]
+           f"<p>Read the sections in order: each says why, then shows only its own changes to "
+           f"<code>{new}</code> (green added, red removed, yellow edited; \u22ef: lines left out, "
+           f"with the line that follows), using only names that earlier sections or steps introduce. The whole "
+           f"diff: <a href=\"{name}.diff\">unified</a>, <a href=\"{name}.html\">side by side</a>.</p>",
+           "<nav>"]
+    out += [f"<a href=\"#{s['key']}\">{html.escape(s['title'])}</a>" for s in sections]
     out.append("</nav>")
-    for key, concept_title, why in entry["concepts"]:
-        out += [f"<h2 id=\"{key}\">{html.escape(concept_title)}</h2>", f"<p class=\"why\">{html.escape(why)}</p>"]
-        for region, kind, blocks in by_concept[key]:
+    forward, declared = forward_uses(old, new, root), MANIFEST[new].get("ahead", {})
+    for number, section in enumerate(sections):
+        out += [f"<h2 id=\"{section['key']}\">{html.escape(section['title'])}</h2>",
+                f"<p class=\"why\">{html.escape(section['why'])}</p>"]
+        ahead = dict.fromkeys((name, later) for index, _, name, later in forward
+                              if index == number and declared.get(name) == sections[later]["key"])
+        if ahead:
+            notes = ", ".join(f"<code>{html.escape(name)}</code> from <a href=\"#{sections[later]['key']}\">"
+                              f"{html.escape(sections[later]['title'])}</a>" for name, later in ahead)
+            out.append(f"<p class=\"uses\">Used here, introduced below: {notes}.</p>")
+        if section["uses"]:
+            links = ", ".join(f"<a href=\"../../{new}\"><code>{html.escape(used)}</code></a> (line {line})"
+                              for used, line in section["uses"])
+            out.append(f"<p class=\"uses\">Uses, unchanged from earlier steps: {links}</p>")
+        for region, kind, rows in section["regions"]:
             label = "the imports" if region == "imports" else "the docstring" if region == "docstring" else \
                 f"<code>{html.escape(region)}</code>"
-            out.append(f"<h3>{label} ({kind})</h3>")
-            for rows in blocks:
-                out.append("<pre>" + "".join(
-                    f"<span class=\"{cls}\"><span class=\"n\">{number}</span>"
-                    f"{'+' if cls == 'add' else '-' if cls == 'del' else ' '} {html.escape(line)}</span>"
-                    for cls, number, line in rows) + "</pre>")
+            out.append(f"<h3>{label}, {where(rows, old, new)}{'' if kind == 'changed' else f' ({kind})'}</h3>")
+            out.append(render_rows(rows))
     out.append("</body></html>\n")
     return "\n".join(out)
+
+
+def text_size(page):
+    """The characters of text a page shows: its HTML without the style sheet and the tags."""
+    page = re.sub(r"<style>.*?</style>", "", page, flags=re.S)
+    return len(html.unescape(re.sub(r"<[^>]+>", "", page)))
 
 
 def line_of(script, anchor, root):

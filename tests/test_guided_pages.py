@@ -1,0 +1,116 @@
+"""A guided page (tools/make_diffs.py) is read in one pass: each section uses only names that
+earlier sections or steps introduce, shows a handful of regions, and nothing twice; the pages
+stay short, and the README states their sizes."""
+import re
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "tools"))
+import ladder  # noqa: E402
+import make_diffs  # noqa: E402
+from ladder_manifest import MANIFEST  # noqa: E402
+
+GUIDED = [(index, old, new) for index, (old, new) in enumerate(ladder.STEPS, 1)
+          if len([key for key, _, _ in MANIFEST[new]["concepts"] if key != "top"]) > 1]
+STEP_IDS = [new for _, _, new in GUIDED]
+# The 4 -> 5 page held 42,264 characters of text when a reader got lost in it (issue 18).
+FULL_PAGE_LIMIT = 43_000 // 2
+
+
+def page(index, old, new):
+    return make_diffs.guided_page(index, old, new, ROOT)
+
+
+@pytest.mark.parametrize("index, old, new", GUIDED, ids=STEP_IDS)
+def test_no_section_uses_a_name_that_a_later_section_introduces(index, old, new):
+    assert make_diffs.forward_references(old, new, ROOT) == []
+
+
+@pytest.mark.parametrize("index, old, new", GUIDED, ids=STEP_IDS)
+def test_every_name_declared_ahead_is_used_ahead_and_the_page_says_where_from(index, old, new):
+    sections = make_diffs.guided_sections(old, new, ROOT)
+    used = {(name, sections[later]["key"]) for _, _, name, later in make_diffs.forward_uses(old, new, ROOT)}
+    text = page(index, old, new)
+    for name, key in MANIFEST[new].get("ahead", {}).items():
+        assert (name, key) in used, f"{name!r} is declared ahead but no section uses it before {key!r}"
+        assert re.search(rf"<code>{name}</code> from <a href=\"#{key}\">", text), name
+
+
+def test_a_forward_use_is_found_when_a_section_reads_what_a_later_one_defines(monkeypatch):
+    concepts = MANIFEST["ddp_full.py"]["concepts"]
+    state_last = [c for c in concepts if c[0] != "state"] + [c for c in concepts if c[0] == "state"]
+    monkeypatch.setitem(MANIFEST["ddp_full.py"], "concepts", state_last)
+    found = make_diffs.forward_references("ddp_amp_accum.py", "ddp_full.py", ROOT)
+    assert ("Writing checkpoints", "PER_PROCESS_STATE", "Where the run stands: TrainState") in \
+        {(section, name, later) for section, _, name, later in found}, found
+
+
+@pytest.mark.parametrize("index, old, new", GUIDED, ids=STEP_IDS)
+def test_no_section_shows_more_than_eight_regions(index, old, new):
+    for section in make_diffs.guided_sections(old, new, ROOT):
+        assert len(section["regions"]) <= 8, (section["title"], [r[0] for r in section["regions"]])
+
+
+@pytest.mark.parametrize("index, old, new", GUIDED, ids=STEP_IDS)
+def test_every_concept_of_the_step_has_a_section_with_its_changes(index, old, new):
+    sections = make_diffs.guided_sections(old, new, ROOT)
+    assert [s["key"] for s in sections] == [key for key, _, _ in MANIFEST[new]["concepts"]]
+    assert all(section["regions"] for section in sections), [s["key"] for s in sections if not s["regions"]]
+
+
+@pytest.mark.parametrize("index, old, new", GUIDED, ids=STEP_IDS)
+def test_each_region_of_imports_and_flags_is_shown_in_one_section_only(index, old, new):
+    sections = make_diffs.guided_sections(old, new, ROOT)
+    for region in ("imports", "parse_args"):
+        shown_in = [s["key"] for s in sections if any(name == region for name, _, _ in s["regions"])]
+        assert len(shown_in) <= 1, (region, shown_in)
+
+
+@pytest.mark.parametrize("index, old, new", GUIDED, ids=STEP_IDS)
+def test_no_line_is_shown_in_two_sections(index, old, new):
+    seen = {}
+    for section in make_diffs.guided_sections(old, new, ROOT):
+        for region, _, rows in section["regions"]:
+            for cls, number, _ in rows:
+                if cls in ("add", "ctx"):
+                    assert seen.setdefault(number, section["key"]) == section["key"], (region, number)
+
+
+def test_code_that_checkpoints_rest_on_from_an_earlier_step_is_named_where_they_are_taught():
+    sections = make_diffs.guided_sections("ddp_amp_accum.py", "ddp_full.py", ROOT)
+    checkpoint = next(s for s in sections if s["key"] == "checkpoint")
+    line = make_diffs.definition_line(ladder.read("ddp_full.py", ROOT), "atomic_save")
+    assert ("atomic_save", line) in checkpoint["uses"]
+
+
+def test_the_page_of_step_4_to_5_holds_at_most_half_the_text_it_once_did():
+    size = make_diffs.text_size(page(4, "ddp_amp_accum.py", "ddp_full.py"))
+    assert size <= FULL_PAGE_LIMIT, f"{size} characters of text"
+
+
+def test_readme_states_the_text_size_of_every_guided_page():
+    readme = (ROOT / "README.md").read_text()
+    for index, old, new in GUIDED:
+        name = make_diffs.diff_name(index, old, new)
+        row = next(line for line in readme.splitlines() if f"({'docs/diffs/' + name}.guided.html)" in line)
+        size = make_diffs.text_size(page(index, old, new))
+        assert f"{size:,} characters" in row, (name, size, row)
+
+
+def test_a_removed_marker_gives_the_removed_statement_its_own_concept():
+    old = ["x = 1", "# only rank 0 works", "if rank != 0:", "    pass", "y = 2"]
+    new = ["x = 1", "z = 3", "y = 2"]
+    tagged, stale = ladder.tag_chunks(old, new, [("removed:rank != 0", "validation"), ("z =", "resume")])
+    assert stale == []
+    assert [(concept, ladder.chunk_text(old, new, chunk)) for concept, chunk in tagged] == [
+        ("validation", ["-# only rank 0 works", "-if rank != 0:", "-    pass"]),
+        ("resume", ["+z = 3"]),
+    ]
+
+
+def test_names_are_read_in_the_scope_of_their_function():
+    names = ladder.line_names("def f(a):\n    b = a + c\n    return b\n")
+    assert names[2] == ({("f", "b")}, {("f", "a"), (None, "c")})
