@@ -697,10 +697,9 @@ def train(args):
     model = model.to(device, memory_format=layout)
     log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
     if args.compile:
-        # In place, before DDP wraps it: dynamo skips torch.nn's own code, DDP's forward included,
-        # so a compiled wrapper compiles only what DDP calls, and nothing at all of a model whose
-        # forward is torch.nn's (nn.Sequential). Called from inside DDP's forward, the compiled
-        # model is still split at DDP's gradient buckets, so all-reduces overlap the backward.
+        # In place, before DDP wraps it: dynamo skips DDP's forward (torch.nn's code), so a compiled
+        # wrapper compiles only what DDP calls, nothing of a model whose forward is torch.nn's
+        # (nn.Sequential). DDP still cuts the compiled model at its buckets, to overlap all-reduces.
         model.compile()
     # DDP broadcasts rank 0's weights at construction and averages gradients during backward.
     # device_ids names the one GPU this process drives; on CPU it must be left out.
@@ -723,9 +722,9 @@ def train(args):
     log_recipe(args)
     if args.init_from and rank == 0:
         # The starting weights' score, what fine-tuning must improve on: epoch 0 in metrics.jsonl.
-        record = {"epoch": 0, **val_record(evaluate(args, model.module, val_loader, device))}
-        write_metrics(metrics_path, record)
-        log_epoch(record, args.epochs)
+        start_record = {"epoch": 0, **val_record(evaluate(args, model.module, val_loader, device))}
+        write_metrics(metrics_path, start_record)
+        log_epoch(start_record, args.epochs)
 
     for epoch in range(args.epochs):
         # Without set_epoch the sampler repeats epoch 0's order in every epoch.

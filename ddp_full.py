@@ -58,12 +58,8 @@ OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.03, "weight_decay": 5e-4},
                       "adamw": {"lr": 1e-3, "weight_decay": 0.05}}
 AMP_DTYPES = {"none": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # A resumed run continues the same training: every setting must match the checkpoint's but these,
-# which change how the run goes on, not what it computes (speed settings change rounding at most).
-# Not so with random augmentation drawn in data-loader workers (--workers above 0): workers are
-# seeded once, when first started; a resumed run starts new ones, which draw other numbers, so it
-# does not end bitwise equal to the run it continues. --init-from is passed over by a resume (the
-# checkpoint holds the weights); --epochs may change under a constant learning rate only, since
-# the cosine schedule is laid over it.
+# which change how the run goes on, not what it computes (speed settings change rounding at most;
+# --workers changes augmentation drawn in workers). --epochs may change at a constant rate only.
 RESUME_MAY_CHANGE = ("workers", "out_dir", "log_interval", "resume", "ckpt_steps",
                      "ckpt_epochs", "keep_last", "max_steps", "backend", "local_rank",
                      "timeout_min", "bucket_cap_mb", "gradient_as_bucket_view", "channels_last",
@@ -410,25 +406,6 @@ def log_recipe(args):
         f"{args.weight_decay:g} | compile {'on' if args.compile else 'off'}")
 
 
-def log_setup(args, model, state, checkpoint_path):
-    """What this run is: the processes, DDP's settings, the batch, the recipe, where it starts."""
-    world_size = dist.get_world_size()
-    log(f"process group {dist.get_backend()} | {world_size} processes | "
-        f"timeout {args.timeout_min:g} min")
-    # Read back from DDP itself, so the line shows what DDP was given.
-    log(f"DDP buckets of {model.bucket_bytes_cap / 2**20:.3g} MB | gradients as bucket views: "
-        f"{'yes' if model.gradient_as_bucket_view else 'no'}")
-    log(f"global batch {args.batch_size * world_size * args.accum_steps} = {args.batch_size} per "
-        f"process x {world_size} processes x {args.accum_steps} accumulation steps | "
-        f"amp {args.amp}")
-    log_recipe(args)
-    if checkpoint_path is not None:
-        log(f"resumed from {checkpoint_path}: epoch {state.epoch + 1}, step {state.step_in_epoch}")
-    if state.epoch >= args.epochs:
-        log(f"nothing to train: the run already completed {state.epoch} epochs; start afresh with "
-            f"--resume none or another --out-dir (or, with --lr-schedule constant, raise --epochs)")
-
-
 def log_epoch(record, epochs):
     metrics = " ".join(f"val_{name} {record[f'val_{name}']:.4f}" for name in EVAL_METRICS)
     if record["epoch"] == 0:  # the starting weights of a fine-tuning run: no training yet
@@ -530,20 +507,17 @@ def configure_cuda(args):
 
 
 class Stop(Exception):
-    """Every process agreed to stop before the end ("preempted", "max-steps"): train() writes a
-    checkpoint from the TrainState, which always describes the last optimizer step."""
+    """Every process agreed to stop early ("preempted", "max-steps"): train() checkpoints the
+    TrainState, which describes the last optimizer step."""
 
 
 class Preemption:
     """Turns SIGTERM into a Stop that every process raises at the same batch.
 
-    Schedulers (SLURM, Kubernetes) send SIGTERM some time before SIGKILL, and torchrun forwards
-    it to every worker, then waits its --shutdown-timeout (30 s by default) before SIGKILL.
-    Processes can see the signal at different batches, so after each batch, in training and in
-    validation, they all-reduce the flag on a CPU (gloo) group, which costs no GPU synchronisation,
-    and all stop at the same batch with no collective half-entered. Each check reads the result of
-    the previous batch's all-reduce, long finished, and starts its own: no process ever waits for
-    the others here, and a stop comes at most two batches after the signal.
+    Schedulers send SIGTERM before SIGKILL; torchrun forwards it to every worker, and SIGKILLs
+    them after --shutdown-timeout (30 s). After each batch the processes all-reduce the flag on a
+    CPU (gloo) group; each check reads the previous batch's result and starts its own, so none
+    waits, and all stop at the same batch, at most two batches after the signal.
     """
 
     def __init__(self):
@@ -857,7 +831,8 @@ def evaluate(args, model, loader, device, preemption):
                 sums, count = evaluate_batch(model, batch)
             totals[:-1] += sums
             totals[-1] += count
-        preemption.check()
+        if preemption is not None:  # None as the run starts: nothing to save
+            preemption.check()
     model.train()
     dist.all_reduce(totals)
     return totals
@@ -1036,9 +1011,8 @@ def find_checkpoint(args, world_size):
 
 
 def agree_on_checkpoint(args, world_size):
-    """find_checkpoint on every process (each reads the file itself), then one collective: all must
-    have found the same. A node that does not see the newest checkpoint (no shared file system, or
-    a stale one) would start afresh while the others resume, and the run would hang."""
+    """find_checkpoint on every process, then one collective: all must have found the same. A node
+    that misses the newest checkpoint would start afresh while the others resume, and hang."""
     try:
         checkpoint, path = find_checkpoint(args, world_size)
         found = f"{Path(path).name} (step {checkpoint['global_step']})" if path else "none"
@@ -1076,13 +1050,26 @@ def restore(checkpoint, path, model, optimizer, scheduler, scaler, rank, device)
 
 def start_or_resume(checkpoint, path, model, optimizer, scheduler, scaler, train_loader, rank,
                     device):
-    """The TrainState to start from: a fresh one, or the checkpoint's, with all it holds restored."""
+    """The TrainState to start from: a fresh one, or the checkpoint's with all it holds restored."""
     if checkpoint is None:
         return TrainState(rng=rng_state(), loader_rng=train_loader.generator.get_state(),
                           train_totals=torch.zeros(2, dtype=torch.float64, device=device))
     state = restore(checkpoint, path, model, optimizer, scheduler, scaler, rank, device)
     train_loader.generator.set_state(state.loader_rng)
     return state
+
+
+def stop_run(args, stop, model, optimizer, scheduler, scaler, state, preemption):
+    """Checkpoint the last optimizer step; return the exit status."""
+    save_checkpoint(args, model, optimizer, scheduler, scaler, state)
+    preemption.close()
+    if str(stop) == "preempted":
+        log(f"preempted at step {state.global_step}: checkpoint written; requeue with the "
+            f"same command (exit status {EXIT_REQUEUE})")
+        return EXIT_REQUEUE
+    log(f"stopped after --max-steps {args.max_steps}: checkpoint written; the same command "
+        f"without --max-steps continues the run")
+    return 0
 
 
 # --- main ---------------------------------------------------------------------------------------
@@ -1100,7 +1087,7 @@ def train(args):
                           f"every process needs at least one")
     check_model_fits(args, num_outputs, val_set)
     train_loader, val_loader = build_loaders(args, train_set, val_set, device, rank, world_size)
-    # A checkpoint to resume from, found before the model is built: it wins over --init-from.
+    # Found before the model is built: a checkpoint wins over --init-from.
     checkpoint, checkpoint_path = agree_on_checkpoint(args, world_size)
     set_seed(args.seed)
     model = build_model(args, num_outputs)
@@ -1111,10 +1098,9 @@ def train(args):
     model = model.to(device, memory_format=layout)
     log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
     if args.compile:
-        # In place, before DDP wraps it: dynamo skips torch.nn's own code, DDP's forward included,
-        # so a compiled wrapper compiles only what DDP calls, and nothing at all of a model whose
-        # forward is torch.nn's (nn.Sequential). Called from inside DDP's forward, the compiled
-        # model is still split at DDP's gradient buckets, so all-reduces overlap the backward.
+        # In place, before DDP wraps it: dynamo skips DDP's forward (torch.nn's code), so a compiled
+        # wrapper compiles only what DDP calls, nothing of a model whose forward is torch.nn's
+        # (nn.Sequential). DDP still cuts the compiled model at its buckets, to overlap all-reduces.
         model.compile()
     if args.sync_bn:
         # Statistics over the global batch, all-reduced in every forward: they pay when per-GPU
@@ -1141,6 +1127,11 @@ def train(args):
     state = start_or_resume(checkpoint, checkpoint_path, model.module, optimizer, scheduler,
                             scaler, train_loader, rank, device)
     del checkpoint
+    if args.init_from and checkpoint_path is None:
+        # The starting weights' score (epoch 0), before the stop handler: nothing to save yet.
+        state.history.append({"epoch": 0, **val_record(evaluate(args, model.module, val_loader,
+                                                                device, preemption=None))})
+        log_epoch(state.history[-1], args.epochs)
     preemption = Preemption()
 
     out_dir = Path(args.out_dir)
@@ -1148,17 +1139,22 @@ def train(args):
     if rank == 0:
         # A resumed run rewrites the records of the epochs its checkpoint has seen, no more.
         metrics_path.write_text("".join(json.dumps(record) + "\n" for record in state.history))
-    log_setup(args, model, state, checkpoint_path)
+    log(f"process group {dist.get_backend()} | {world_size} processes | "
+        f"timeout {args.timeout_min:g} min")
+    # Read back from DDP itself, so the line shows what DDP was given.
+    log(f"DDP buckets of {model.bucket_bytes_cap / 2**20:.3g} MB | gradients as bucket views: "
+        f"{'yes' if model.gradient_as_bucket_view else 'no'}")
+    log(f"global batch {args.batch_size * world_size * args.accum_steps} = {args.batch_size} per "
+        f"process x {world_size} processes x {args.accum_steps} accumulation steps | "
+        f"amp {args.amp}")
+    log_recipe(args)
+    if checkpoint_path is not None:
+        log(f"resumed from {checkpoint_path}: epoch {state.epoch + 1}, step {state.step_in_epoch}")
+    if state.epoch >= args.epochs:
+        log(f"nothing to train: the run already completed {state.epoch} epochs; start afresh with "
+            f"--resume none or another --out-dir (or, with --lr-schedule constant, raise --epochs)")
 
     try:
-        if args.init_from and checkpoint_path is None:
-            # The starting weights' score, what fine-tuning must improve on (epoch 0).
-            record = {"epoch": 0, **val_record(evaluate(args, model.module, val_loader, device,
-                                                        preemption))}
-            state.history.append(record)
-            if rank == 0:
-                write_metrics(metrics_path, record)
-            log_epoch(record, args.epochs)
         for epoch in range(state.epoch, args.epochs):
             # Without set_epoch the sampler repeats epoch 0's order in every epoch.
             train_loader.sampler.set_epoch(epoch)
@@ -1168,8 +1164,7 @@ def train(args):
             train_totals = train_one_epoch(args, model, train_loader, optimizer, scheduler, scaler,
                                            device, state, preemption)
             # Every process evaluates its shard through model.module: shards differ in length, and
-            # the DDP wrapper's forward starts a collective (a buffer broadcast) that would go
-            # unmatched.
+            # the DDP wrapper's forward starts a collective (a buffer broadcast) left unmatched.
             val_start = time.perf_counter()
             val_totals = evaluate(args, model.module, val_loader, device, preemption)
             record = epoch_record(epoch, train_totals, val_totals, state.train_seconds,
@@ -1188,15 +1183,7 @@ def train(args):
             if epoch + 1 == args.epochs or args.ckpt_epochs and (epoch + 1) % args.ckpt_epochs == 0:
                 save_checkpoint(args, model, optimizer, scheduler, scaler, state)
     except Stop as stop:
-        save_checkpoint(args, model, optimizer, scheduler, scaler, state)
-        preemption.close()
-        if str(stop) == "preempted":
-            log(f"preempted at step {state.global_step}: checkpoint written; requeue with the "
-                f"same command (exit status {EXIT_REQUEUE})")
-            return EXIT_REQUEUE
-        log(f"stopped after --max-steps {args.max_steps}: checkpoint written; the same command "
-            f"without --max-steps continues the run")
-        return 0
+        return stop_run(args, stop, model, optimizer, scheduler, scaler, state, preemption)
 
     if rank == 0:
         save_start = time.perf_counter()

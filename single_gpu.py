@@ -607,9 +607,9 @@ def train(args):
     log_recipe(args)
     if args.init_from:
         # The starting weights' score, what fine-tuning must improve on: epoch 0 in metrics.jsonl.
-        record = {"epoch": 0, **val_record(evaluate(args, model, val_loader, device))}
-        write_metrics(metrics_path, record)
-        log_epoch(record, args.epochs)
+        start_record = {"epoch": 0, **val_record(evaluate(args, model, val_loader, device))}
+        write_metrics(metrics_path, start_record)
+        log_epoch(start_record, args.epochs)
 
     for epoch in range(args.epochs):
         train_loader.sampler.generator.manual_seed(args.seed + epoch)

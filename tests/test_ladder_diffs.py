@@ -106,7 +106,7 @@ GUARD_MUTATIONS = {
         "ddp_basic.py", "seconds = int(max(seconds, 0))", "seconds = int(max(seconds, 0.0))",
         "shared region 'format_seconds' differs between single_gpu.py and ddp_basic.py"),
     "a renamed flag": ("ddp_amp_accum.py", '"--batch-size"', '"--batch"', "flag --batch-size disappeared"),
-    "a changed default": ("ddp_basic.py", 'default=0.03,', 'default=0.1,', "flag --lr changed"),
+    "a changed default": ("ddp_basic.py", 'default=1.0,', 'default=2.0,', "flag --warmup-epochs changed"),
     "a stray print in an undeclared region": (
         "ddp_amp_accum.py", '    return TensorDataset(images, labels)',
         '    print("debug", images.shape)\n    return TensorDataset(images, labels)', "region 'make_synthetic'"),

@@ -58,7 +58,13 @@ MANIFEST = {
             ("rank0", "Rank 0 speaks, writes and validates",
              "Every process runs every line; only rank 0 prints, writes files and validates, "
              "through model.module. A bad input found on rank 0 reaches the others through a "
-             "collective, so none waits for a peer that has exited."),
+             "collective, so none waits for a peer that has exited. Rank 0 alone reads "
+             "--init-from's weights: DDP hands them to the others."),
+            ("compile", "torch.compile under DDP",
+             "--compile compiles the model in place before DDP wraps it. Dynamo skips torch.nn's "
+             "own code, DDP's forward among it: a compiled wrapper compiles only what DDP calls, "
+             "and nothing of a model whose forward is torch.nn's. Inside DDP's forward the "
+             "compiled graph is still cut at the gradient buckets."),
         ],
         "regions": {
             "docstring": "top",
@@ -76,15 +82,17 @@ MANIFEST = {
             "train": [("setup_distributed", "group"), ("process group", "group"),
                       ("rank0_first", "rank0"), ("len(train_set) < world_size", "shard"),
                       ("build_loaders(args, train_set, val_set, device, rank", "shard"),
-                      ("set_epoch", "shard"), ("DDP(model", "ddp"), ("nn.DataParallel", "ddp"),
+                      ("set_epoch", "shard"), ("DDP(model", "ddp"),
                       ("global batch", "ddp"), ("set_seed(args.seed + rank)", "ddp"),
+                      ("DDP wraps it", "compile"), ("device_count", "ddp"),
+                      ("init_from and rank == 0", "rank0"),
                       ("model.module", "rank0"), ("Rank 0", "rank0"), ("if rank == 0", "rank0"),
                       ("unwrapped", "rank0")],
             "main": [("RANK", "rank0"), ("cleanup_distributed", "group")],
         },
         "removed": {"get_device": "group"},
         "flags_added": {"--backend", "--local-rank", "--timeout-min"},
-        "diff_size": (160, 53),
+        "diff_size": (166, 58),
     },
     "ddp_amp_accum.py": {
         "concepts": [
@@ -104,61 +112,64 @@ MANIFEST = {
         ],
         "regions": {
             "docstring": "top",
-            "imports": [("contextlib", "accum"), ("math", "accum")],
+            "imports": [("contextlib", "accum")],
             "AMP_DTYPES": "amp",
             "autocast": "amp",
             "parse_args": [("--amp", "amp"), ("--accum-steps", "accum"), ("--clip-grad-norm", "clip")],
             "AT_LEAST": "accum",
-            "train_one_epoch": [("clip_grad_norm", "clip"), ("accum_steps", "accum"),
+            "train_one_epoch": [("grad_norm = None", "clip"), ("{norm}", "clip"), ("grad norm", "clip"),
+                                ("once per optimizer step", "accum"), ("totals", "accum"),
+                                ("clip_grad_norm", "clip"), ("accum_steps", "accum"),
                                 ("num_batches", "accum"), ("group", "accum"),
-                                ("sync_context", "accum"), ("scaler", "amp"), ("zero_grad", "amp")],
+                                ("sync_context", "accum"), ("scaler", "amp")],
             "evaluate": "amp",
-            "train": [("GradScaler", "amp"), ("global batch", "accum"), ("scaler, device", "amp")],
+            "train": [("GradScaler", "amp"), ("global batch", "accum"),
+                      ("steps_per_epoch=math.ceil", "accum"), ("scheduler, scaler", "amp")],
         },
         "removed": {},
         "flags_added": {"--amp", "--accum-steps", "--clip-grad-norm"},
-        "diff_size": (61, 17),
+        "diff_size": (71, 23),
     },
     "ddp_full.py": {
         "concepts": [
             TOP,
             ("validation", "Exact validation on every process",
-             "Each process scores its own unpadded shard with rank 0's BatchNorm statistics; one "
-             "all-reduce of sums and counts gives the whole set's exact metrics in 1/N of the "
-             "time."),
+             "Each process scores its unpadded shard with rank 0's BatchNorm statistics; one "
+             "all-reduce of sums and counts gives the exact metrics."),
             ("state", "Where the run stands: TrainState",
-             "A TrainState follows every optimizer step: what all processes share (epoch, step, "
-             "history) and what each holds alone (its random states, its partial sums)."),
+             "A TrainState follows every optimizer step: what processes share and what each "
+             "holds alone."),
             ("checkpoint", "Writing checkpoints",
-             "Rank 0 gathers every process's own state and saves it with the model, optimizer and "
-             "scaler through atomic_save: a temporary file, then a rename, so a crash mid-write "
-             "leaves the previous checkpoint whole."),
+             "Rank 0 gathers every process's state and saves it with the rest through atomic_save "
+             "(a temporary file, then a rename): a crash mid-write leaves the last one whole."),
             ("resume", "Finding and agreeing on a checkpoint",
-             "Every process loads the newest readable checkpoint itself, passing over torn or "
-             "foreign files; one all-gather makes sure all found the same. The same command "
-             "serves a first start and every restart."),
+             "Every process loads the newest readable checkpoint, passing over torn or foreign "
+             "files; one all-gather makes sure all found the same."),
+            ("restore", "Restoring what a checkpoint holds",
+             "Model, optimizer, schedule, scaler and random states, all put back."),
             ("position", "Putting the data position back mid-epoch",
-             "A checkpoint taken mid-epoch resumes at the next sample: the sampler skips what the "
-             "epoch's first steps consumed, and the sums and timings go on from the saved ones."),
-            ("stop", "Stopping early: preemption and --max-steps",
-             "All processes raise Stop at the same batch, in training or validation, on SIGTERM "
-             "(Preemption) or at --max-steps; train() then writes a checkpoint and exits: 75, "
-             "requeue me, after a SIGTERM."),
+             "A mid-epoch checkpoint resumes at the next sample: the sampler skips those consumed."),
+            ("stop", "Stopping early",
+             "All processes raise Stop at the same step; train() checkpoints and exits (75 after "
+             "a SIGTERM: requeue me)."),
+            ("preempt", "Preemption: SIGTERM",
+             "Every process checks a shared flag after each batch, so all stop at the same one."),
             ("syncbn", "SyncBatchNorm",
-             "--sync-bn normalises with statistics of the global batch, all-reduced in every "
-             "forward: worth it for small per-GPU batches. It needs CUDA."),
+             "--sync-bn: the global batch's statistics, for small per-GPU batches."),
             ("buckets", "DDP's bucket settings",
-             "Gradients travel in buckets, all-reduced as backward fills them. Bigger buckets and "
-             "gradients kept in them change how they travel, not what is averaged."),
+             "Gradients are all-reduced in buckets as backward fills them; the settings change how "
+             "they travel, not what is averaged."),
         ],
         "ahead": {
+            "preemption": "preempt",
             "checkpoint": "resume",
-            "preemption": "stop",
+            "checkpoint_path": "resume",
+            "start_or_resume": "restore",
         },
         "regions": {
             "docstring": "top",
-            "imports": [("dataclasses", "state"), ("itertools", "position"), ("pickle", "resume"),
-                        ("import re", "checkpoint"), ("signal", "stop"), ("Sampler", "validation")],
+            "imports": [("dataclasses", "state"), ("itertools", "position"),
+                        ("import re", "checkpoint"), ("signal", "preempt"), ("Sampler", "validation")],
             "RESUME_MAY_CHANGE": "resume",
             "CHECKPOINT_NAME": "checkpoint",
             "EXIT_REQUEUE": "stop",
@@ -169,14 +180,14 @@ MANIFEST = {
             "POSITIVE": "buckets",
             "check_args": "resume",
             "Stop": "stop",
-            "Preemption": "stop",
+            "Preemption": "preempt",
             "ResumableDistributedSampler": "position",
             "ShardSampler": "validation",
             "build_loaders": [("ShardSampler", "validation"), ("Resumable", "position"),
                               ("# --- data loading", "position")],
             "train_one_epoch": [("removed:for batch_index", "position"),
                                 ("removed:start = time.perf_counter()", "position"),
-                                ("def train_one_epoch", "state"), ("preemption", "stop"),
+                                ("def train_one_epoch", "state"), ("preemption", "preempt"),
                                 ("check_max_steps", "stop"), ("if last_in_group:", "stop"),
                                 ("epoch_totals", "validation"),
                                 ("first_step, start_seconds", "state"), ("state.rng", "state"),
@@ -186,26 +197,30 @@ MANIFEST = {
                                 ("state", "position"), ("loader.sampler.num_samples", "position"),
                                 ("first_step", "position"), ("start_samples", "position")],
             "check_max_steps": "stop",
-            "evaluate": [("preemption", "stop"), ("batches = iter", "stop"), ("shorter one", "stop"),
-                         ("longest", "stop"), ("", "validation")],
+            "evaluate": [("preemption", "preempt"), ("batches = iter", "preempt"),
+                         ("shorter one", "preempt"), ("longest", "preempt"), ("", "validation")],
             "TrainState": "state",
             "SHARED_STATE": "state",
             "PER_PROCESS_STATE": "state",
             "rng_state": "state",
-            "set_rng_state": "resume",
+            "set_rng_state": "restore",
             "save_checkpoint": "checkpoint",
             "list_checkpoints": "checkpoint",
             "load_checkpoint": "resume",
             "find_checkpoint": "resume",
             "agree_on_checkpoint": "resume",
-            "restore": "resume",
-            "train": [("removed:if rank != 0:", "validation"), ("removed:epoch_start =", "state"),
-                      ("removed:record = epoch_record", "state"),
-                      ("removed:train_one_epoch(", "state"),
+            "restore": "restore",
+            "start_or_resume": "restore",
+            "stop_run": "stop",
+            "train": [("removed:if rank != 0:", "validation"), 
+                      
+
                       ("try:", "stop"), ("sync_bn", "syncbn"), ("bucket", "buckets"), ("Stop", "stop"),
-                      ("train_one_epoch(", "state"), ("preemption", "stop"),
-                      ("if checkpoint is None", "state"), ("checkpoint_path", "resume"),
-                      ("set_start", "position"), ("nothing to train", "resume"),
+                      ("init_from and checkpoint_path is None", "restore"),
+                      ("preemption", "preempt"), ("init_from and checkpoint is None", "resume"),
+                      ("del checkpoint", "restore"), ("start_or_resume(", "state"),
+                      ("checkpoint_path", "resume"),
+                      ("set_start", "position"),
                       ("metrics_path", "resume"), ("save_checkpoint", "checkpoint"),
                       ("state.", "state"), ("if rank == 0:", "validation"),
                       ("Every process evaluates its shard", "validation"),
@@ -215,6 +230,6 @@ MANIFEST = {
         "removed": {},
         "flags_added": {"--resume", "--ckpt-steps", "--ckpt-epochs", "--keep-last", "--max-steps",
                         "--sync-bn", "--bucket-cap-mb", "--gradient-as-bucket-view"},
-        "diff_size": (449, 70),
+        "diff_size": (478, 85),
     },
 }

@@ -304,8 +304,8 @@ PITFALLS = [
                    "the checkpoint then resumes with validation",
         "fix": [("ddp_full.py", "longest = math.ceil(len(loader.dataset) / dist.get_world_size())")],
         "guards": ["tests/test_cluster.py::test_sigterm_during_validation_stops_within_two_batches_and_resume_is_bitwise"],
-        "mutation": ("ddp_full.py", "            totals[-1] += count\n        preemption.check()\n",
-                     "            totals[-1] += count\n"),
+        "mutation": ("ddp_full.py", "        if preemption is not None:  # None as the run starts: nothing to save\n"
+                                    "            preemption.check()\n", ""),
     },
     {
         "title": "DataParallel handing a GPU one sample",
