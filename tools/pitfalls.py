@@ -318,4 +318,46 @@ PITFALLS = [
         "mutation": ("dataparallel.py", "sampler=train_sampler, drop_last=True, **loader_args",
                      "sampler=train_sampler, **loader_args"),
     },
+    {
+        "title": "A learning-rate schedule missing from the checkpoint",
+        "mistake": "saving the model and the optimizer but not `scheduler.state_dict()`",
+        "symptom": "a resumed run starts the schedule again: a second warm-up in the middle of training, and a "
+                   "decay that no longer ends at the last step",
+        "correct": "save and restore the scheduler's state with the optimizer's",
+        "fix": [("ddp_full.py", 'scheduler.load_state_dict(checkpoint["scheduler"])')],
+        "guards": ["tests/test_recipe.py::test_resume_is_bitwise_equal_to_an_uninterrupted_run"],
+        "mutation": ("ddp_full.py", '        scheduler.load_state_dict(checkpoint["scheduler"])\n', ""),
+    },
+    {
+        "title": "A schedule stepped per micro-batch",
+        "mistake": "calling `scheduler.step()` after every backward when accumulating gradients",
+        "symptom": "the schedule runs K times too fast: warm-up ends early and the rate reaches 0 a fraction "
+                   "of the way through training",
+        "correct": "`scheduler.step()` once per optimizer step, after `optimizer.step()`",
+        "fix": [("ddp_amp_accum.py", "once per optimizer step, not per micro-batch")],
+        "guards": ["tests/test_recipe.py::test_learning_rate_moves_once_per_optimizer_step_with_accumulation"],
+        "mutation": ("ddp_amp_accum.py",
+                     "        totals[1] += count\n        if not last_in_group:\n            continue\n",
+                     "        totals[1] += count\n        if not last_in_group:\n            scheduler.step()\n"
+                     "            continue\n"),
+    },
+    {
+        "title": "`_orig_mod.` keys in the saved model",
+        "mistake": "`model = torch.compile(model)` and then saving `model.state_dict()`",
+        "symptom": "every key of model.pt starts with `_orig_mod.`: it no longer loads into the plain model",
+        "correct": "compile in place, `model.compile()`: the module keeps its class and its keys",
+        "fix": [("single_gpu.py", "        model.compile()")],
+        "guards": ["tests/test_compile.py::test_single_gpu_compiled_saves_plain_keys"],
+        "mutation": ("single_gpu.py", "        model.compile()\n", "        model = torch.compile(model)\n"),
+    },
+    {
+        "title": "A compile that compiles nothing",
+        "mistake": "calling `torch.compile(model)` and keeping the uncompiled model (it returns a new module), or "
+                   "compiling the DDP wrapper of a model whose forward is torch.nn's own code",
+        "symptom": "training runs eager with no error: dynamo's counters show no graph captured",
+        "correct": "`model.compile()` in place, before DDP wraps the model",
+        "fix": [("ddp_amp_accum.py", "        model.compile()")],
+        "guards": ["tests/test_compile.py::test_compile_under_ddp_captures_the_model_and_recompiles_only_for_shape_and_grad_mode"],
+        "mutation": ("ddp_amp_accum.py", "        model.compile()\n", "        torch.compile(model)\n"),
+    },
 ]

@@ -1,0 +1,59 @@
+"""--compile: the model compiled in place, before DDP wraps it (second tier: compiling takes a minute).
+
+What is counted comes from dynamo's own counters in each training process (tests/count_allreduces.py):
+graphs captured, and the reasons it compiled again. Measured for the CNN in the accumulation run (every
+training batch holds 8 samples): 1 graph and no recompile on each process. At least one graph is the
+proof that something was compiled (compiling the DDP wrapper of a model whose forward is torch.nn's, or
+calling torch.compile without using its result, compiles nothing); a new batch shape or grad mode may
+each cost one recompile, so at most 2. Compiled and eager runs do the same arithmetic up to the
+compiler's fused rounding (a research run measured 2.2e-8 apart), so test_equivalence.py's WEIGHT_ATOL
+holds.
+"""
+import json
+
+import pytest
+import torch
+
+from conftest import run_ok, weights
+from test_equivalence import ACCUM, ACCUM_STEPS_PER_RUN, accumulation_run, assert_same_training
+from test_validation import load_script
+
+pytestmark = pytest.mark.slow  # the second tier: python -m pytest -n 2 -m slow tests
+
+
+def compiled_accumulation_run(runs):
+    out_dir = runs.get("accum5_w2_compiled", "tests/count_allreduces.py", [*ACCUM, "--compile"], nproc=2,
+                       env={"COUNT_SCRIPT": "ddp_amp_accum.py", "COUNT_DIR": str(runs.root / "accum5_w2_compiled-counts")})
+    counts = [json.loads((runs.root / "accum5_w2_compiled-counts" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    return out_dir, counts
+
+
+def test_compile_under_ddp_captures_the_model_and_recompiles_only_for_shape_and_grad_mode(runs):
+    _, counts = compiled_accumulation_run(runs)
+    for rank_counts in counts:
+        assert rank_counts["graphs"] >= 1, rank_counts
+        assert len(rank_counts["recompiles"]) <= 2, rank_counts
+
+
+def test_compiled_accumulation_still_all_reduces_once_per_optimizer_step(runs):
+    _, counts = compiled_accumulation_run(runs)
+    assert [c["reductions"] for c in counts] == [ACCUM_STEPS_PER_RUN] * 2, counts
+
+
+def test_compiled_training_matches_eager(runs):
+    eager, _ = accumulation_run(runs)
+    compiled, _ = compiled_accumulation_run(runs)
+    assert_same_training(eager, compiled)
+
+
+def test_a_compiled_run_saves_a_model_that_loads_into_the_plain_model(runs):
+    compiled, _ = compiled_accumulation_run(runs)
+    module = load_script("ddp_amp_accum.py")
+    model = module.SmallCNN(module.NUM_SYNTHETIC_CLASSES)
+    model.load_state_dict(weights(compiled))  # strict: no "_orig_mod." or "module." prefix
+
+
+def test_single_gpu_compiled_saves_plain_keys(tmp_path):
+    run_ok("single_gpu.py", tmp_path, ["--batch-size", "16", "--compile", "--epochs", "1"])
+    keys = set(torch.load(tmp_path / "model.pt", weights_only=True))
+    assert keys == set(load_script("single_gpu.py").SmallCNN(10).state_dict())
