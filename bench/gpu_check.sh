@@ -6,7 +6,7 @@
 #      within 1e-3 of an uninterrupted run
 #   3. resnet18's sharded validation (BatchNorm buffers) equals a one-process evaluation of model.pt
 #   4. samples/s of ddp_full.py against the bare loop on resnet50, bf16, channels-last, and each
-#      speed setting on and off
+#      speed setting on and off; ddp_full.py with --compile (compile time, steady speed, peak memory)
 #   5. the README's test command, pinned to the CPU by the suite itself
 # Writes gpu_results.md and each check's log into the folder given as $1 (default: docs/bench).
 #
@@ -89,9 +89,16 @@ check speed_bare_ddp     "${TR[@]}" bench/bare.py --mode ddp --model resnet50 --
 # ddp_full.py on synthetic 224-pixel images (an image folder needs files; the bare loop's data is on the GPU).
 check speed_ddp_full     "${TR[@]}" ddp_full.py --model resnet50 --image-size 224 --amp bf16 --batch-size 64 --epochs 2 \
     --train-samples 2560 --val-samples 64 --workers 4 --log-interval 20 --resume none --out-dir "$TMP/10"
+# The same with --compile: its first epoch holds the compiling, its second the steady speed.
+check speed_ddp_full_compile "${TR[@]}" ddp_full.py --model resnet50 --image-size 224 --amp bf16 --batch-size 64 \
+    --epochs 2 --train-samples 2560 --val-samples 64 --workers 4 --log-interval 20 --resume none --compile \
+    --out-dir "$TMP/11"
 if [ -z "${DRY_RUN:-}" ]; then
     grep -h BENCH "$OUT"/gpu_check_logs/speed_*.log >> "$RESULTS"
-    grep -h "samples/s" "$OUT/gpu_check_logs/speed_ddp_full.log" | tail -1 >> "$RESULTS"
+    for run in speed_ddp_full speed_ddp_full_compile; do
+        echo "$run: $(grep -h "^epoch .* train_loss" "$OUT/gpu_check_logs/$run.log" | tr '\n' ' ')" >> "$RESULTS"
+        grep -h "peak memory" "$OUT/gpu_check_logs/$run.log" | tail -1 >> "$RESULTS"
+    done
     echo '```' >> "$RESULTS"
 fi
 # The suite pins itself to the CPU: it must pass on this GPU machine as on a laptop.

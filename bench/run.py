@@ -87,8 +87,9 @@ def main(argv=None):
                         help="rounds of the DDP-settings and communication measurements, which run resnet18 "
                              "and are slow (default: 2)")
     parser.add_argument("--sections",
-                        default="profile,peers,overhead,scaling,settings,communication,layout,data,curves",
-                        help="which sections to run (default: all nine)")
+                        default="profile,peers,overhead,scaling,settings,communication,layout,compile,data,"
+                                "curves",
+                        help="which sections to run (default: all ten)")
     parser.add_argument("--whole-pairs", type=int, default=8,
                         help="interleaved rounds of the whole-run profile and the peer comparison (default: 8)")
     parser.add_argument("--scripts", default=",".join(SCRIPTS), help="scripts for the overhead section (default: all)")
@@ -137,6 +138,8 @@ def main(argv=None):
         lines += communication_section(args, batch, steps, 1 if args.quick else args.settings_rounds)
     if "layout" in sections:
         lines += layout_section(args, 1 if args.quick else args.settings_rounds)
+    if "compile" in sections:
+        lines += compile_section(args, 1 if args.quick else args.settings_rounds, common)
     if "data" in sections:
         lines += data_section(batch, steps)
     curves = {}
@@ -305,6 +308,32 @@ def layout_section(args, rounds):
             ratios.append(rates["--channels-last"] / rates["--no-channels-last"])
         lines.append(f"| {model} | {statistics.median(ratios):.2f}x | {', '.join(f'{r:.2f}' for r in ratios)} |")
         print(f"layout {model}: {statistics.median(ratios):.2f}x", flush=True)
+    return lines
+
+
+def compile_section(args, rounds, common):
+    """--compile against eager: what compiling costs at the start and what it buys per step after."""
+    epochs = 2 if args.quick else 4
+    lines = ["", "## torch.compile against eager (`--compile`, the CNN)", "",
+             f"Each row: the script run {epochs} epochs eager and {epochs} compiled, {rounds} round(s), "
+             "interleaved. *Start-up* is the first epoch's training and validation seconds, compiled minus "
+             "eager: the compiling (forward and backward, and the validation graph). *Steady* is the "
+             "samples/s of the later epochs, compiled over eager (medians; each round in brackets).", "",
+             "| script | processes | start-up cost (s) | steady compiled / eager | rounds |",
+             "| --- | --- | --- | --- | --- |"]
+    settings = [*common, "--epochs", str(epochs)]
+    for name, nproc in (("single_gpu.py", None), ("ddp_amp_accum.py", 2)):
+        costs, ratios = [], []
+        for _ in range(rounds):
+            runs = {flag: script(name, nproc, settings, flag) for flag in ((), ("--compile",))}
+            first = {flag: r[0]["train_seconds"] + r[0]["val_seconds"] for flag, r in runs.items()}
+            costs.append(first[("--compile",)] - first[()])
+            ratios.append(steady_rate(runs[("--compile",)]) / steady_rate(runs[()]))
+        lines.append(f"| {name} | {nproc or 1} | {statistics.median(costs):.1f} "
+                     f"({', '.join(f'{c:.1f}' for c in costs)}) | {statistics.median(ratios):.2f}x "
+                     f"({', '.join(f'{r:.2f}' for r in ratios)}) | {rounds} |")
+        print(f"compile {name}: start-up +{statistics.median(costs):.1f} s, steady "
+              f"{statistics.median(ratios):.2f}x", flush=True)
     return lines
 
 

@@ -57,3 +57,22 @@ def test_single_gpu_compiled_saves_plain_keys(tmp_path):
     run_ok("single_gpu.py", tmp_path, ["--batch-size", "16", "--compile", "--epochs", "1"])
     keys = set(torch.load(tmp_path / "model.pt", weights_only=True))
     assert keys == set(load_script("single_gpu.py").SmallCNN(10).state_dict())
+
+
+# ddp_full, 2 processes x 8: 12 optimizer steps an epoch, 24 in all; stopped after 5 in one mode,
+# finished in the other. Compiled and eager arithmetic differ by rounding only: WEIGHT_ATOL.
+FULL = ["--batch-size", "8"]
+
+
+@pytest.mark.parametrize("first, then", [((), ("--compile",)), (("--compile",), ())],
+                         ids=["eager-then-compiled", "compiled-then-eager"])
+def test_a_checkpoint_resumes_across_compile_and_eager(runs, tmp_path, first, then):
+    from test_resume import run_full
+
+    reference = runs.get("full_w2", "ddp_full.py", FULL, nproc=2)
+    run_full(tmp_path, *FULL, *first, "--max-steps", "5")
+    checkpoint = torch.load(tmp_path / "checkpoints" / "step_000000005.pt", weights_only=True)
+    assert set(checkpoint["model"]) == set(weights(reference))  # plain keys, whatever the mode
+    resumed = run_full(tmp_path, *FULL, *then)
+    assert "step_000000005.pt: epoch 1, step 5" in resumed.stdout
+    assert_same_training(reference, tmp_path)

@@ -150,7 +150,8 @@ def test_every_pitfall_fix_line_and_guard_exists():
         for script, anchor in pitfall["fix"]:
             assert sum(anchor in line for line in ladder.read(script, ROOT).splitlines()) == 1, (script, anchor)
         script, old, new = pitfall["mutation"]
-        assert old in ladder.read(script, ROOT), (pitfall["title"], old)
+        # Exactly once: the mutation check replaces the first occurrence, which must be the fix.
+        assert ladder.read(script, ROOT).count(old) == 1, (pitfall["title"], old)
         for guard in pitfall["guards"]:
             file, name = guard.split("::")
             assert f"def {name}(" in test_names[file], guard

@@ -189,3 +189,11 @@ def test_pretrained_weights_come_from_torch_cache_with_a_fresh_classifier(tmp_pa
     for key, value in model.state_dict().items():
         expected = fresh[key] if key in ("fc.weight", "fc.bias") else published[key]
         assert torch.equal(value, expected), key
+
+
+def test_progress_lines_show_the_gradient_norm_when_clipping(tmp_path):
+    result = run_ok("ddp_amp_accum.py", tmp_path, [*ACCUM, "--clip-grad-norm", "1", "--log-interval", "1"],
+                    nproc=2)
+    norms = re.findall(r"\| lr \S+ \| grad norm (\S+) \|", result.stdout)
+    assert len(norms) == len(PROGRESS.findall(result.stdout)) == 6
+    assert all(float(norm) > 0 for norm in norms)

@@ -255,8 +255,8 @@ PITFALLS = [
         "fix": [("ddp_full.py", 'checkpoint = torch.load(path, map_location="cpu", weights_only=True)')],
         "guards": ["tests/test_gpu_paths.py::test_a_checkpoint_restores_onto_another_device_than_the_cpu"],
         # The meta device stands in for the GPU, which CI does not have.
-        "mutation": ("ddp_full.py", 'torch.load(path, map_location="cpu", weights_only=True)',
-                     'torch.load(path, map_location="meta", weights_only=True)'),
+        "mutation": ("ddp_full.py", 'checkpoint = torch.load(path, map_location="cpu", weights_only=True)',
+                     'checkpoint = torch.load(path, map_location="meta", weights_only=True)'),
     },
     {
         "title": "BatchNorm statistics that differ across ranks in sharded validation",
