@@ -318,7 +318,8 @@ def compile_section(args, rounds, common):
              f"Each row: the script run {epochs} epochs eager and {epochs} compiled, {rounds} round(s), "
              "interleaved. *Start-up* is the first epoch's training and validation seconds, compiled minus "
              "eager: the compiling (forward and backward, and the validation graph). *Steady* is the "
-             "samples/s of the later epochs, compiled over eager (medians; each round in brackets).", "",
+             "samples/s of the later epochs, compiled over eager (medians; each round in brackets). Inductor keeps "
+             "compiled code in an on-disk cache: a first compile on a machine takes longer than these.", "",
              "| script | processes | start-up cost (s) | steady compiled / eager | rounds |",
              "| --- | --- | --- | --- | --- |"]
     settings = [*common, "--epochs", str(epochs)]
