@@ -19,7 +19,8 @@ gradients of K micro-batches before each optimizer step and all-reduces them onc
 Every process scores a shard of the validation set with rank 0's model, and one all-reduce of
 sums gives the whole set's exact metrics. Rank 0 writes checkpoints atomically; the same command
 resumes from the newest readable one (--resume auto), on every process alike, and ends bitwise
-identical to a run never stopped. SIGTERM (preemption) stops every process at the same batch, in
+identical to a run never stopped (with random augmentation, only if it is drawn in the main
+process: --workers 0). SIGTERM (preemption) stops every process at the same batch, in
 training or validation, writes a checkpoint and exits with status 75 (EX_TEMPFAIL): requeue me.
 """
 import argparse

@@ -230,6 +230,6 @@ MANIFEST = {
         "removed": {},
         "flags_added": {"--resume", "--ckpt-steps", "--ckpt-epochs", "--keep-last", "--max-steps",
                         "--sync-bn", "--bucket-cap-mb", "--gradient-as-bucket-view"},
-        "diff_size": (478, 85),
+        "diff_size": (479, 85),
     },
 }
