@@ -33,7 +33,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset, default_collate
+from torch.utils.data import (DataLoader, Dataset, DistributedSampler, Sampler, Subset,
+                              TensorDataset, default_collate)
 
 # torchvision is imported inside the functions that need it: it takes seconds to import, and the
 # default run (synthetic data, small CNN) does not use it.
@@ -202,6 +203,13 @@ def pretrained_weights(args):
     return read_state_dict(path)
 
 
+def channels_last_pays(args, device):
+    """Whether channels-last memory order speeds this model up on this device: on GPUs, where it
+    is the layout of tensor-core convolutions; on CPU where measured (docs/bench/results.md): the
+    small CNN 1.4x and mobilenet_v3_small 2.0x faster, resnet18 and resnet50 0.9-1.0x."""
+    return device.type == "cuda" or args.model in ("cnn", "mobilenet_v3_small")
+
+
 def batch_loss(model, batch):
     """The loss to train on (a mean over the batch), and how many samples the batch holds."""
     images, labels = batch
@@ -255,13 +263,14 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0, help="seeds the model, data and shuffle")
     parser.add_argument("--workers", type=int, default=None,
                         help="data loader processes per process (default: 0 for data already in "
-                             "memory as tensors, where workers only add copies; 2 otherwise)")
+                             "memory as tensors, where workers only add copies; for files, this "
+                             "process's share of its CPUs less one, 1 to 8)")
     parser.add_argument("--out-dir", default=None, help="output folder (default: runs/<script>)")
     parser.add_argument("--log-interval", type=int, default=20,
                         help="optimizer steps between progress lines")
-    parser.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=True,
-                        help="4-D inputs and weights in channels-last memory order: faster "
-                             "convolutions on GPUs with --amp and, measured, on CPU")
+    parser.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
+                        help="4-D inputs and weights in channels-last memory order (default: where "
+                             "it pays: on GPUs, and on CPU for models measured faster with it)")
     parser.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=True,
                         help="CUDA: float32 matmuls and convolutions on tensor cores (TF32)")
     parser.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction, default=True,
@@ -450,8 +459,10 @@ def cleanup_distributed():
         dist.destroy_process_group()
 
 
-def configure_cuda(args):
-    """Speed settings of CUDA's libraries; on CPU they change nothing."""
+def configure_cuda(args, device):
+    """Speed settings: CUDA's libraries (on CPU they change nothing), and the memory layout."""
+    if args.channels_last is None:
+        args.channels_last = channels_last_pays(args, device)
     # TF32 multiplies float32 on tensor cores with a 10-bit mantissa (sums stay float32): several
     # times faster on Ampere and later GPUs, at about fp16's precision per product.
     torch.backends.cuda.matmul.allow_tf32 = args.tf32
@@ -463,25 +474,94 @@ def configure_cuda(args):
 
 # --- data loading -------------------------------------------------------------------------------
 
+class SeededSamples(Dataset):
+    """The training set, each sample loaded with random draws that are a pure function of
+    (seed, epoch, index): the same crop and flip whichever process or worker loads it, with any
+    --workers, any world size, and after a resume.
+
+    Left alone, a transform draws from the generators of the process that loads the sample: a
+    worker's, seeded once when the worker starts (a resumed run starts new ones), or the main
+    process's. A transform qualifies if it draws from torch's or Python's global generator, as
+    torchvision's do (numpy's is not seeded here). The loading process's own generators are left
+    as they were.
+    """
+
+    def __init__(self, dataset, seed):
+        self.dataset, self.seed = dataset, seed
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, key):
+        epoch, index = key
+        if isinstance(self.dataset, TensorDataset):
+            return self.dataset[index]  # tensors in memory: no transform, nothing to seed
+        python_state = random.getstate()
+        with torch.random.fork_rng(devices=[]):
+            seed = ((self.seed * 1_000_003 + epoch) * 1_000_000_007 + index) % 2**63
+            torch.manual_seed(seed)
+            random.seed(seed)
+            try:
+                return self.dataset[index]
+            finally:
+                random.setstate(python_state)
+
+
+class EpochKeys(Sampler):
+    """The wrapped sampler's indices as (epoch, index): the keys SeededSamples seeds from."""
+
+    def __init__(self, sampler):
+        self.sampler, self.epoch = sampler, 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def __iter__(self):
+        return ((self.epoch, index) for index in self.sampler)
+
+    def __len__(self):
+        return len(self.sampler)
+
+    def __getattr__(self, name):
+        """Anything else is the wrapped sampler's (its generator, set_start, num_samples)."""
+        if name == "sampler":
+            raise AttributeError(name)
+        return getattr(self.sampler, name)
+
+
+def default_workers(train_set):
+    """Data in memory as tensors: none, since workers would only copy it. Files: one worker per CPU
+    this process may use (its CPU affinity, shared by the processes on this node), but one left to
+    the training process, at least 1 and at most 8."""
+    if isinstance(train_set, TensorDataset):
+        return 0
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    per_process = (cpus or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    return max(1, min(8, per_process - 1))
+
+
 def build_loaders(args, train_set, val_set, device, rank, world_size):
     # Every process draws the same permutation of (seed, epoch) and takes every world_size-th
     # sample of it from position rank: together they see what one process would see. It pads
     # with repeated samples until the set divides evenly, so every process runs as many steps.
-    train_sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True,
-                                       seed=args.seed)
-    # Tensors already in memory need no worker processes, which would only copy them.
-    in_memory = isinstance(train_set, TensorDataset)
-    workers = args.workers if args.workers is not None else 0 if in_memory else 2
+    # Each index comes as (epoch, index), the key of its random augmentation (SeededSamples).
+    train_sampler = EpochKeys(DistributedSampler(train_set, num_replicas=world_size, rank=rank,
+                                                 shuffle=True, seed=args.seed))
+    workers = args.workers if args.workers is not None else default_workers(train_set)
     loader_args = dict(
         batch_size=args.batch_size,
         num_workers=workers,
         persistent_workers=workers > 0,
         # Page-locked host memory lets the copy to the GPU run asynchronously (non_blocking=True).
         pin_memory=device.type == "cuda",
-        # The loader's own generator seeds its workers, leaving the global RNG to the model.
+        # The loader's own generator seeds its workers (augmentation is seeded per sample anyway),
+        # leaving the global RNG to the model.
         generator=torch.Generator().manual_seed(args.seed + rank),
     )
-    train_loader = DataLoader(train_set, sampler=train_sampler, **loader_args)
+    train_loader = DataLoader(SeededSamples(train_set, args.seed), sampler=train_sampler,
+                              **loader_args)
     val_loader = DataLoader(val_set, shuffle=False, **loader_args)
     return train_loader, val_loader
 
@@ -722,7 +802,7 @@ def atomic_save(obj, path):
 
 def train(args):
     rank, local_rank, world_size, device = setup_distributed(args)
-    configure_cuda(args)
+    configure_cuda(args, device)
     # Rank 0 writes the results: if it cannot, every process stops now, not after training.
     rank0_only(rank, prepare_out_dir, args)
     train_set, val_set, num_outputs = rank0_first(rank, build_datasets, args)

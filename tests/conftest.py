@@ -142,8 +142,9 @@ def runs(tmp_path_factory, worker_id):
 
 
 CLASSES = ["circle", "square", "triangle"]
-# An image tree of 3 classes x 8 train and 3 val images; random crops and flips draw from the global
-# torch RNG in the main process (--workers 0): 2 processes x 4, 3 optimizer steps per epoch.
+# An image tree of 3 classes x 8 train and 3 val images with random crops and flips, each sample's
+# seeded from (seed, epoch, index); loaded in the main process (--workers 0) unless a test says
+# otherwise: 2 processes x 4, 3 optimizer steps per epoch.
 IMAGEFOLDER = ["--data", "imagefolder", "--image-size", "16", "--batch-size", "4", "--epochs", "2",
                "--workers", "0", "--log-interval", "1000"]
 

@@ -69,6 +69,10 @@ def pretrained_weights(args):
     raise ConfigError("this task has no pretrained weights")
 
 
+def channels_last_pays(args, device):
+    return False  # no 4-D inputs
+
+
 def batch_loss(model, batch):
     tokens, targets = batch
     return F.mse_loss(model(tokens), targets), len(targets)

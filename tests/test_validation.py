@@ -60,8 +60,7 @@ def test_ddp_basic_rank0_validation_equals_one_process_evaluation(runs):
 
 # resnet18 has BatchNorm: after the last step each process holds running statistics of its own
 # micro-batches. 48 training samples in batches of 8 (2 or 3 processes), 23 validation samples,
-# which neither 2 nor 3 divides. Scored in channels-last batches of 8 against one contiguous batch
-# of 23, the losses differ in float rounding only (VAL_LOSS_RTOL holds); each shard scored with its
+# which neither 2 nor 3 divides. Scored in batches of 8 against one batch of 23, the losses differ in float rounding only (VAL_LOSS_RTOL holds); each shard scored with its
 # own process's running statistics moved the loss by 6e-3 (2 processes) and 5e-3 (3), relative.
 BATCHNORM = ["--model", "resnet18", "--workers", "0", "--train-samples", "48", "--val-samples", "23",
              "--epochs", "1", "--batch-size", "8", "--log-interval", "1000"]

@@ -92,7 +92,7 @@ MANIFEST = {
         },
         "removed": {"get_device": "group"},
         "flags_added": {"--backend", "--local-rank", "--timeout-min"},
-        "diff_size": (166, 58),
+        "diff_size": (167, 60),
     },
     "ddp_amp_accum.py": {
         "concepts": [
@@ -169,7 +169,7 @@ MANIFEST = {
         "regions": {
             "docstring": "top",
             "imports": [("dataclasses", "state"), ("itertools", "position"),
-                        ("import re", "checkpoint"), ("signal", "preempt"), ("Sampler", "validation")],
+                        ("import re", "checkpoint"), ("signal", "preempt")],
             "RESUME_MAY_CHANGE": "resume",
             "CHECKPOINT_NAME": "checkpoint",
             "EXIT_REQUEUE": "stop",
@@ -183,8 +183,7 @@ MANIFEST = {
             "Preemption": "preempt",
             "ResumableDistributedSampler": "position",
             "ShardSampler": "validation",
-            "build_loaders": [("ShardSampler", "validation"), ("Resumable", "position"),
-                              ("# --- data loading", "position")],
+            "build_loaders": [("ShardSampler", "validation"), ("Resumable", "position")],
             "train_one_epoch": [("removed:for batch_index", "position"),
                                 ("removed:start = time.perf_counter()", "position"),
                                 ("def train_one_epoch", "state"), ("preemption", "preempt"),
@@ -230,6 +229,6 @@ MANIFEST = {
         "removed": {},
         "flags_added": {"--resume", "--ckpt-steps", "--ckpt-epochs", "--keep-last", "--max-steps",
                         "--sync-bn", "--bucket-cap-mb", "--gradient-as-bucket-view"},
-        "diff_size": (479, 85),
+        "diff_size": (477, 84),
     },
 }

@@ -315,8 +315,8 @@ PITFALLS = [
         "correct": "drop the short last batch in dataparallel.py's training loader",
         "fix": [("dataparallel.py", "drop_last=True")],
         "guards": ["tests/test_gpu_paths.py::test_dataparallel_never_gives_a_gpu_a_single_sample"],
-        "mutation": ("dataparallel.py", "sampler=train_sampler, drop_last=True, **loader_args",
-                     "sampler=train_sampler, **loader_args"),
+        "mutation": ("dataparallel.py", "                              drop_last=True, **loader_args)",
+                     "                              **loader_args)"),
     },
     {
         "title": "A learning-rate schedule missing from the checkpoint",
@@ -359,5 +359,18 @@ PITFALLS = [
         "fix": [("ddp_amp_accum.py", "        model.compile()")],
         "guards": ["tests/test_compile.py::test_compile_under_ddp_captures_the_model_and_recompiles_only_for_shape_and_grad_mode"],
         "mutation": ("ddp_amp_accum.py", "        model.compile()\n", "        torch.compile(model)\n"),
+    },
+    {
+        "title": "Workers' random state carried across epochs",
+        "mistake": "random augmentation drawn from the data-loader workers' own generators",
+        "symptom": "workers are seeded once, when they start, and persistent ones carry their state from epoch "
+                   "to epoch; a resumed run starts new workers (102 of 122 tensors of resnet18 differed after "
+                   "an epoch-boundary resume, measured), and a sample's crop depends on the worker, --workers "
+                   "and the world size",
+        "correct": "seed each sample's draws from (seed, epoch, index): SeededSamples, keyed by EpochKeys",
+        "fix": [("ddp_full.py", "seed = ((self.seed * 1_000_003 + epoch) * 1_000_000_007 + index) % 2**63")],
+        "guards": ["tests/test_augmentation.py::test_resume_with_augmenting_workers_is_bitwise_mid_epoch_and_at_an_epoch_boundary"],
+        "mutation": ("ddp_full.py", "        epoch, index = key\n",
+                     "        epoch, index = key\n        return self.dataset[index]\n"),
     },
 ]
