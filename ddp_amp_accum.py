@@ -496,15 +496,21 @@ class SeededSamples(Dataset):
         epoch, index = key
         if isinstance(self.dataset, TensorDataset):
             return self.dataset[index]  # tensors in memory: no transform, nothing to seed
-        python_state = random.getstate()
-        with torch.random.fork_rng(devices=[]):
-            seed = ((self.seed * 1_000_003 + epoch) * 1_000_000_007 + index) % 2**63
-            torch.manual_seed(seed)
-            random.seed(seed)
-            try:
-                return self.dataset[index]
-            finally:
-                random.setstate(python_state)
+        seed = ((self.seed * 1_000_003 + epoch) * 1_000_000_007 + index) % 2**63
+        if torch.utils.data.get_worker_info() is not None:
+            # A worker's generators serve its samples alone: seed them and load.
+            torch.default_generator.manual_seed(seed)  # the CPU's alone: torch.manual_seed costs
+            random.seed(seed)                          # 90 us a call, seeding every device
+            return self.dataset[index]
+        # In the main process they also serve the model (dropout): put them back afterwards.
+        torch_state, python_state = torch.get_rng_state(), random.getstate()
+        torch.default_generator.manual_seed(seed)
+        random.seed(seed)
+        try:
+            return self.dataset[index]
+        finally:
+            torch.set_rng_state(torch_state)
+            random.setstate(python_state)
 
 
 class EpochKeys(Sampler):

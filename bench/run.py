@@ -88,8 +88,8 @@ def main(argv=None):
                              "and are slow (default: 2)")
     parser.add_argument("--sections",
                         default="profile,peers,overhead,scaling,settings,communication,layout,compile,data,"
-                                "curves",
-                        help="which sections to run (default: all ten)")
+                                "seeding,curves",
+                        help="which sections to run (default: all eleven)")
     parser.add_argument("--whole-pairs", type=int, default=8,
                         help="interleaved rounds of the whole-run profile and the peer comparison (default: 8)")
     parser.add_argument("--scripts", default=",".join(SCRIPTS), help="scripts for the overhead section (default: all)")
@@ -142,6 +142,8 @@ def main(argv=None):
         lines += compile_section(args, 1 if args.quick else args.settings_rounds, common)
     if "data" in sections:
         lines += data_section(batch, steps)
+    if "seeding" in sections:
+        lines += seeding_section(1 if args.quick else args.settings_rounds, 48 if args.quick else 600)
     curves = {}
     if "curves" in sections:
         lines += curves_section(args, curves, batch, samples)
@@ -489,6 +491,52 @@ def data_section(batch, steps):
     for workers in [0, 2, 4]:
         r = bare("plain", batch_size=batch, steps=steps, workers=workers)
         lines.append(f"| {workers} | {r['samples_per_sec']:.0f} | {r['wait_fraction']:.1%} |")
+    return lines
+
+
+def seeding_section(rounds, images):
+    """Image-folder loading with each sample's augmentation seeded (SeededSamples) against the same
+    loader drawing from its workers' generators: decoding, random crop and flip, one epoch."""
+    import importlib.util
+
+    import torch
+    from PIL import Image
+    from torch.utils.data import DataLoader, RandomSampler
+
+    spec = importlib.util.spec_from_file_location("single_gpu", ROOT / "single_gpu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    lines = ["", "## Image loading: augmentation seeded per sample against the workers' own generators", "",
+             f"One epoch of {images} PNG images (256x256 noise, 3 classes) through single_gpu.py's imagefolder "
+             "transforms (random resized crop to 224, flip, normalize) in batches of 32, as samples/s; seeded "
+             "(`SeededSamples`, the scripts' loader) over unseeded (the same dataset and sampler, drawing from "
+             f"the generators of the process that loads). Medians of {rounds} interleaved rounds.", "",
+             "| workers | seeded / unseeded | rounds |", "| --- | --- | --- |"]
+    with tempfile.TemporaryDirectory() as root:
+        for split, count in (("train", images), ("val", 3)):
+            for c in range(3):
+                folder = Path(root, split, f"class{c}")
+                folder.mkdir(parents=True)
+                for n in range(count // 3):
+                    Image.effect_noise((256, 256), 40 + n % 20).convert("RGB").save(folder / f"{n}.png")
+        args = module.parse_args(["--data", "imagefolder", "--data-dir", root, "--image-size", "224",
+                                  "--batch-size", "32"])
+        train_set, _, _ = module.build_datasets(args)
+        for workers in (0, 2):
+            ratios = []
+            for _ in range(rounds):
+                rates = {}
+                for seeded in (True, False):
+                    dataset = module.SeededSamples(train_set, 0) if seeded else train_set
+                    sampler = RandomSampler(train_set, generator=torch.Generator().manual_seed(0))
+                    sampler = module.EpochKeys(sampler) if seeded else sampler
+                    loader = DataLoader(dataset, sampler=sampler, batch_size=32, num_workers=workers)
+                    start = time.perf_counter()
+                    count = sum(len(labels) for _, labels in loader)
+                    rates[seeded] = count / (time.perf_counter() - start)
+                ratios.append(rates[True] / rates[False])
+            lines.append(f"| {workers} | {statistics.median(ratios):.3f} | {', '.join(f'{r:.3f}' for r in ratios)} |")
+            print(f"seeding, {workers} workers: {statistics.median(ratios):.3f}", flush=True)
     return lines
 
 

@@ -36,6 +36,8 @@ def epoch_of_batches(script, image_tree, workers, epoch=1):
     return [images for images, _ in loader]
 
 
+# 3 workers on a 2-core machine: DataLoader warns, and the test means it.
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
 def test_the_same_sample_gets_the_same_augmentation_with_0_1_and_3_workers(image_tree):
     by_workers = {workers: epoch_of_batches("single_gpu.py", image_tree, workers) for workers in (0, 1, 3)}
     for workers in (1, 3):
