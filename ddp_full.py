@@ -60,7 +60,8 @@ OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.03, "weight_decay": 5e-4},
 AMP_DTYPES = {"none": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # A resumed run continues the same training: every setting must match the checkpoint's but these,
 # which change how the run goes on, not what it computes (speed settings change rounding at most;
-# augmentation is seeded per sample, whatever --workers). --epochs may change at a constant rate.
+# augmentation is seeded per sample, whatever --workers). And --epochs, but with --lr-schedule
+# constant only: the cosine schedule is laid over --epochs (load_checkpoint adds it then).
 RESUME_MAY_CHANGE = ("workers", "out_dir", "log_interval", "resume", "ckpt_steps",
                      "ckpt_epochs", "keep_last", "max_steps", "backend", "local_rank",
                      "timeout_min", "bucket_cap_mb", "gradient_as_bucket_view", "channels_last",
@@ -1195,8 +1196,8 @@ def train(args):
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     # DDP broadcasts rank 0's weights at construction and averages gradients during backward.
     # device_ids names the one GPU this process drives; on CPU it must be left out.
-    # Bucket size and gradient views change how gradients travel, not what is averaged (at most
-    # the rounding of the sum on over 2 processes); bench/ shows they pay where all-reduces are big.
+    # Bucket size and gradient views change how gradients travel, not what is averaged (beyond 2
+    # processes, the rounding of the sum at most); bench/ shows they pay where all-reduces are big.
     model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None,
                 bucket_cap_mb=args.bucket_cap_mb,
                 gradient_as_bucket_view=args.gradient_as_bucket_view)
@@ -1212,7 +1213,7 @@ def train(args):
     set_seed(args.seed + rank)
     state = start_or_resume(checkpoint, checkpoint_path, model.module, optimizer, scheduler,
                             scaler, train_loader, rank, device)
-    del checkpoint
+    del checkpoint  # its tensors are copied into the model and the optimizer: free the memory
     if args.init_from and checkpoint_path is None:
         # The starting weights' score (epoch 0), before the stop handler: nothing to save yet.
         state.history.append({"epoch": 0, **val_record(evaluate(args, model.module, val_loader,
