@@ -155,10 +155,11 @@ PITFALLS = [
     {
         "title": "Inexact resume: the random state",
         "mistake": "not saving and restoring each process's random generators",
-        "symptom": "after a resume, random augmentation (and dropout) draws differently from the uninterrupted run",
+        "symptom": "after a resume, dropout (and any random draw of the training process) differs from the "
+                   "uninterrupted run",
         "correct": "rank 0 gathers every process's Python and torch RNG states; each process restores its own",
         "fix": [("ddp_full.py", "set_rng_state(state.rng)")],
-        "guards": ["tests/test_resume.py::test_mid_epoch_resume_with_random_augmentation_restores_the_random_state"],
+        "guards": ["tests/test_resume.py::test_mid_epoch_resume_with_dropout_restores_the_random_state"],
         "mutation": ("ddp_full.py", "    set_rng_state(state.rng)\n", "    pass\n"),
     },
     {
