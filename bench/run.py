@@ -207,7 +207,10 @@ WHOLE = ["--model", "resnet18", "--train-samples", "1024", "--val-samples", "256
 def whole_command(program, nproc, batch, extra=()):
     launch = [sys.executable] if nproc is None else \
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    script = ["bench/whole_run.py", "--framework", program] if program in ("bare", "accelerate", "fabric") else [program]
+    # The scripts in whole_run.py's memory layout (channels-last), whatever their own default on this
+    # device: the same work, so that the ratio measures the scripts, not the layout.
+    script = ["bench/whole_run.py", "--framework", program] if program in ("bare", "accelerate", "fabric") \
+        else [program, "--channels-last"]
     return [*launch, *script, *WHOLE, "--batch-size", str(batch), "--workers", "0", *extra]
 
 
