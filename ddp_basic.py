@@ -375,6 +375,15 @@ def setup_distributed(args):
     torchrun sets RANK (this process among all), LOCAL_RANK (among those on this machine) and
     WORLD_SIZE. Without them, as under plain `python`, this process is a world of one.
     """
+    # A few of torch's modules read the default process group once, as they are imported: their
+    # functions take it as a default argument (torch.distributed.nn.functional's collectives).
+    # torch imports them lazily, with torch.compile or at the first forward on the meta device
+    # (check_model_fits); imported after init_process_group, they would keep the group alive after
+    # destroy_process_group, its gloo threads running until the interpreter's exit, where they can
+    # abort a finished run ("terminate called without an active exception"). Imported now, they
+    # hold None.
+    from torch.distributed import fsdp  # noqa: F401 (imports torch.distributed.nn.functional)
+
     # What exists now, the imported modules, lives as long as the process: frozen, the garbage
     # collector never walks it again, so cleanup_distributed's collection and the interpreter's at
     # exit are quick. All made from here on, the process group first, is collected as usual.

@@ -92,7 +92,7 @@ MANIFEST = {
         },
         "removed": {"get_device": "group"},
         "flags_added": {"--backend", "--local-rank", "--timeout-min"},
-        "diff_size": (167, 60),
+        "diff_size": (176, 60),
     },
     "ddp_amp_accum.py": {
         "concepts": [

@@ -374,4 +374,20 @@ PITFALLS = [
         "mutation": ("ddp_full.py", "        epoch, index = key\n",
                      "        epoch, index = key\n        return self.dataset[index]\n"),
     },
+    {
+        "title": "A process group kept alive past destroy_process_group",
+        "mistake": "letting torch import `torch.distributed.nn.functional` after `init_process_group` (it does "
+                   "so lazily, with torch.compile or at the first forward on the meta device): its functions "
+                   "take the default group as a default argument, read once at import",
+        "symptom": "the group and its gloo threads outlive `destroy_process_group()` and end with the "
+                   "interpreter, which now and then aborts a finished run (`terminate called without an "
+                   "active exception`, exit -6; torchrun reports the run as failed)",
+        "correct": "import it (with `torch.distributed.fsdp`) before `init_process_group`: the defaults then "
+                   "hold None",
+        "fix": [("ddp_basic.py", "    from torch.distributed import fsdp")],
+        "guards": ["tests/test_teardown.py::test_no_gloo_thread_outlives_main_after_a_finished_run"],
+        "mutation": ("ddp_basic.py",
+                     "    from torch.distributed import fsdp  # noqa: F401 (imports torch.distributed.nn.functional)\n",
+                     ""),
+    },
 ]
