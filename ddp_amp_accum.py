@@ -46,6 +46,10 @@ AMP_DTYPES = {"none": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float
 OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.03, "weight_decay": 5e-4},
                       "adamw": {"lr": 1e-3, "weight_decay": 0.05}}
 
+# Consecutive unreadable samples a training sample may skip to find a readable one: more, and
+# the data set is broken, not a file in it.
+MAX_UNREADABLE_IN_A_ROW = 16
+
 
 # --- your data and model ------------------------------------------------------------------------
 # The one section to edit to train something else: the task's flags, its data sets, its model
@@ -342,6 +346,13 @@ def log(message):
         print(message, flush=True)
 
 
+def warn(message):
+    """A warning from whichever process meets it, not rank 0 alone (another process's files are
+    not rank 0's to see): one line on stderr, naming the process."""
+    print(f"{Path(__file__).name}: warning: rank {dist.get_rank()}: {message}", file=sys.stderr,
+          flush=True)
+
+
 def format_seconds(seconds):
     seconds = int(max(seconds, 0))
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
@@ -375,8 +386,10 @@ def log_epoch(record, epochs):
     if record["epoch"] == 0:  # the starting weights of a fine-tuning run: no training yet
         log(f"epoch 0/{epochs} (starting weights) {metrics} ({record['val_samples']} samples)")
         return
+    unreadable = record["train_unreadable"] + record["val_unreadable"]
+    skipped = f" | {unreadable} unreadable files skipped" if unreadable else ""
     log(f"epoch {record['epoch']}/{epochs} train_loss {record['train_loss']:.4f} {metrics} "
-        f"({record['val_samples']} samples) | {record['samples_per_sec']:.0f} samples/s")
+        f"({record['val_samples']} samples) | {record['samples_per_sec']:.0f} samples/s{skipped}")
 
 
 # --- distributed --------------------------------------------------------------------------------
@@ -493,6 +506,11 @@ class SeededSamples(Dataset):
     process's. A transform qualifies if it draws from torch's or Python's global generator, as
     torchvision's do (numpy's is not seeded here). The loading process's own generators are left
     as they were.
+
+    A sample whose file cannot be read (truncated, corrupt, gone) gives its place to the next
+    readable one in index order, loaded with the key's seed: a choice made from the key alone,
+    so that every exactness promise holds (each process, worker and resume makes the same one).
+    Each item is (sample, the files skipped for it); the training loop reports and counts them.
     """
 
     def __init__(self, dataset, seed):
@@ -504,8 +522,18 @@ class SeededSamples(Dataset):
     def __getitem__(self, key):
         epoch, index = key
         if isinstance(self.dataset, TensorDataset):
-            return self.dataset[index]  # tensors in memory: no transform, nothing to seed
+            return self.dataset[index], []  # tensors in memory: no transform to seed, no file
         seed = ((self.seed * 1_000_003 + epoch) * 1_000_000_007 + index) % 2**63
+        unreadable = []
+        for offset in range(min(MAX_UNREADABLE_IN_A_ROW + 1, len(self.dataset))):
+            candidate = (index + offset) % len(self.dataset)
+            try:
+                return self.load(candidate, seed), unreadable
+            except OSError as err:  # PIL's UnidentifiedImageError and truncated images among them
+                unreadable.append(describe_unreadable(self.dataset, candidate, err))
+        raise OSError(f"{len(unreadable)} samples in a row cannot be read, from {unreadable[0]}")
+
+    def load(self, index, seed):
         if torch.utils.data.get_worker_info() is not None:
             # A worker's generators serve its samples alone: seed them and load.
             torch.default_generator.manual_seed(seed)  # the CPU's alone: torch.manual_seed costs
@@ -520,6 +548,42 @@ class SeededSamples(Dataset):
         finally:
             torch.set_rng_state(torch_state)
             random.setstate(python_state)
+
+
+class ReadableSamples(Dataset):
+    """The validation set, each item (sample, []) or, where its file cannot be read, (None, [the
+    file]): the sample is left out and reported. A stand-in would count another sample twice."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        try:
+            return self.dataset[index], []
+        except OSError as err:
+            return None, [describe_unreadable(self.dataset, index, err)]
+
+
+def describe_unreadable(dataset, index, err):
+    """'file (reason)' for a sample that cannot be read: its file where the data set lists them
+    (torchvision's ImageFolder and DatasetFolder: .samples), else its index."""
+    reason = err.strerror or str(err).split(" <")[0]  # PIL names the file object: left out
+    while isinstance(dataset, Subset):
+        dataset, index = dataset.dataset, dataset.indices[index]
+    try:
+        return f"{dataset.samples[index][0]} ({reason})"
+    except (AttributeError, LookupError, TypeError):
+        return f"sample {index} ({reason})"
+
+
+def collate_readable(items):
+    """(the batch of the readable samples, or None if there is none, the files that were not)."""
+    samples = [sample for sample, _ in items if sample is not None]
+    unreadable = [name for _, names in items for name in names]
+    return (default_collate(samples) if samples else None), unreadable
 
 
 class EpochKeys(Sampler):
@@ -573,11 +637,13 @@ def build_loaders(args, train_set, val_set, device, rank, world_size):
         pin_memory=device.type == "cuda",
         # The loader's own generator seeds its workers (augmentation is seeded per sample anyway),
         # leaving the global RNG to the model.
+        # Each item is (sample, unreadable files): a batch comes as (batch, unreadable files).
+        collate_fn=collate_readable,
         generator=torch.Generator().manual_seed(args.seed + rank),
     )
     train_loader = DataLoader(SeededSamples(train_set, args.seed), sampler=train_sampler,
                               **loader_args)
-    val_loader = DataLoader(val_set, shuffle=False, **loader_args)
+    val_loader = DataLoader(ReadableSamples(val_set), shuffle=False, **loader_args)
     return train_loader, val_loader
 
 
@@ -597,11 +663,18 @@ def to_device(batch, device, channels_last):
 def check_model_fits(args, num_outputs, dataset):
     """One sample through the model on the meta device (shapes only: no memory, no arithmetic).
     A model that cannot take the data (a ViT built for 224-pixel images, fed 32) is a ConfigError
-    here, in one line, rather than a traceback in the first step."""
+    here, in one line, rather than a traceback in the first step; so is a data set none of whose
+    first samples can be read."""
+    # The first readable sample: a file that cannot be read is skipped in training and
+    # validation alike, but a set none of whose first samples can be read is no data set.
+    try:
+        sample, _ = SeededSamples(dataset, args.seed)[(0, 0)]
+    except OSError as err:
+        raise ConfigError(f"the data cannot be read: {err}") from None
     with torch.device("meta"):
         model = build_model(args, num_outputs).eval()
     try:
-        evaluate_batch(model, to_device(default_collate([dataset[0]]), "meta", False))
+        evaluate_batch(model, to_device(default_collate([sample]), "meta", False))
     except NotImplementedError:
         return  # an operation with no meta implementation: no verdict, the first step will tell
     except (RuntimeError, ValueError, AssertionError, TypeError, IndexError) as err:
@@ -695,13 +768,18 @@ def autocast(args, device):
 
 
 def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, epoch):
-    """Train for one epoch; return [loss sum, samples] over the epoch, all processes."""
+    """Train for one epoch; return [loss sum, samples, unreadable files] over the epoch,
+    all processes."""
     model.train()
-    totals = torch.zeros(2, dtype=torch.float64, device=device)
+    totals = torch.zeros(3, dtype=torch.float64, device=device)
     num_batches = len(loader)
     num_steps = math.ceil(num_batches / args.accum_steps)
     start = time.perf_counter()
-    for batch_index, batch in enumerate(loader):
+    for batch_index, (batch, unreadable) in enumerate(loader):
+        # A file that could not be read gave its place to the next readable one (SeededSamples).
+        for name in unreadable:
+            warn(f"cannot read {name}: trained on the next readable sample in its place")
+        totals[2] += len(unreadable)
         batch = to_device(batch, device, args.channels_last)
         # Micro-batches form groups of accum_steps; the epoch's last group may be shorter.
         group_start = batch_index - batch_index % args.accum_steps
@@ -753,34 +831,41 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, e
 
 @torch.no_grad()
 def evaluate(args, model, loader, device):
-    """Return the sums of EVAL_METRICS and the number of samples over the loader.
+    """Return the sums of EVAL_METRICS, the number of samples and of unreadable files over the
+    loader.
 
     Sums, not means: a mean over batches of different sizes is not the mean over samples.
     """
     model.eval()
-    totals = torch.zeros(len(EVAL_METRICS) + 1, dtype=torch.float64, device=device)
-    for batch in loader:
-        batch = to_device(batch, device, args.channels_last)
-        with autocast(args, device):
-            sums, count = evaluate_batch(model, batch)
-        totals[:-1] += sums
-        totals[-1] += count
+    totals = torch.zeros(len(EVAL_METRICS) + 2, dtype=torch.float64, device=device)
+    for batch, unreadable in loader:
+        for name in unreadable:
+            warn(f"cannot read {name}: left out of validation")
+        totals[-1] += len(unreadable)
+        if batch is not None:  # None: not one sample of the batch could be read
+            batch = to_device(batch, device, args.channels_last)
+            with autocast(args, device):
+                sums, count = evaluate_batch(model, batch)
+            totals[:-2] += sums
+            totals[-2] += count
     model.train()
     return totals
 
 
 def val_record(val_totals):
-    """Validation's means over all samples, and how many samples were counted."""
-    count = val_totals[-1].item()
+    """Validation's means over all samples, how many samples were counted and how many files
+    could not be read."""
+    count = val_totals[-2].item()
     record = {f"val_{name}": val_totals[i].item() / count for i, name in enumerate(EVAL_METRICS)}
-    return {**record, "val_samples": int(count)}
+    return {**record, "val_samples": int(count), "val_unreadable": int(val_totals[-1].item())}
 
 
 def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds, lr):
-    """One line of metrics.jsonl: means over all samples, the samples counted, timings, and the
-    learning rate the schedule has reached."""
+    """One line of metrics.jsonl: means over all samples, the samples counted, the files that
+    could not be read, timings, and the learning rate the schedule has reached."""
     return {"epoch": epoch + 1, "train_loss": train_totals[0].item() / train_totals[1].item(),
-            **val_record(val_totals), "samples_per_sec": train_totals[1].item() / train_seconds,
+            "train_unreadable": int(train_totals[2].item()), **val_record(val_totals),
+            "samples_per_sec": train_totals[1].item() / train_seconds,
             "train_seconds": train_seconds, "val_seconds": val_seconds, "lr": lr}
 
 

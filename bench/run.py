@@ -533,9 +533,12 @@ def seeding_section(rounds, images):
                     dataset = module.SeededSamples(train_set, 0) if seeded else train_set
                     sampler = RandomSampler(train_set, generator=torch.Generator().manual_seed(0))
                     sampler = module.EpochKeys(sampler) if seeded else sampler
-                    loader = DataLoader(dataset, sampler=sampler, batch_size=32, num_workers=workers)
+                    # The scripts' loader: items (sample, unreadable files), batches (batch, files).
+                    collate = module.collate_readable if seeded else None
+                    loader = DataLoader(dataset, sampler=sampler, batch_size=32, num_workers=workers,
+                                        collate_fn=collate)
                     start = time.perf_counter()
-                    count = sum(len(labels) for _, labels in loader)
+                    count = sum(len((batch[0] if seeded else batch)[1]) for batch in loader)
                     rates[seeded] = count / (time.perf_counter() - start)
                 ratios.append(rates[True] / rates[False])
             lines.append(f"| {workers} | {statistics.median(ratios):.3f} | {', '.join(f'{r:.3f}' for r in ratios)} |")

@@ -9,6 +9,12 @@ float32), so later epochs are compared on outcome: the final validation loss wit
 AMP_FINAL_LOSS_ATOL = 0.3 of float32's (measured 0.21: 1.79 vs 2.00, both far below chance's 2.30).
 A broken loss scale (gradients left scaled by 65536, or unscaled twice) diverges or stalls, far
 outside both.
+
+Learning. "bf16 trains" is read from the model after the first and the last epoch (validation
+loss), not from the epochs' mean training losses: a mean includes the plateau the epoch began on.
+On a CPU with AMX and AVX512-BF16 (its own bf16 kernels) bf16 left the plateau late in epoch 2:
+mean training loss 2.32 -> 2.23 over 3 epochs, validation loss 2.30 -> 1.96 (float32: 2.32 ->
+1.80 and 2.30 -> 1.70). MIN_LOSS_DROP = 0.2 on the validation loss: a stalled run stays at 2.30.
 """
 from conftest import max_weight_difference, metrics, weights
 
@@ -28,7 +34,7 @@ def test_bf16_trains_and_stays_within_tolerance_of_float32(runs):
     fp32 = metrics(runs.get("amp_none", "ddp_amp_accum.py", [*LEARNING, "--amp", "none"], nproc=2))
     bf16 = metrics(runs.get("amp_bf16", "ddp_amp_accum.py", [*LEARNING, "--amp", "bf16"], nproc=2))
     assert len(bf16) == len(fp32) == 3
-    assert bf16[0]["train_loss"] - bf16[-1]["train_loss"] >= MIN_LOSS_DROP, bf16
+    assert bf16[0]["val_loss"] - bf16[-1]["val_loss"] >= MIN_LOSS_DROP, bf16
     assert abs(fp32[0]["train_loss"] - bf16[0]["train_loss"]) <= AMP_LOSS_ATOL, (fp32[0], bf16[0])
     assert abs(fp32[0]["val_loss"] - bf16[0]["val_loss"]) <= AMP_LOSS_ATOL, (fp32[0], bf16[0])
     assert abs(fp32[-1]["val_loss"] - bf16[-1]["val_loss"]) <= AMP_FINAL_LOSS_ATOL, (fp32[-1], bf16[-1])

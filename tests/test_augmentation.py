@@ -33,7 +33,7 @@ def epoch_of_batches(script, image_tree, workers, epoch=1):
     loader, _ = module.build_loaders(args, train_set, val_set, torch.device("cpu"))
     loader.sampler.generator.manual_seed(args.seed + epoch)
     loader.sampler.set_epoch(epoch)
-    return [images for images, _ in loader]
+    return [images for (images, _), _unreadable in loader]
 
 
 # 3 workers on a 2-core machine: DataLoader warns, and the test means it.
@@ -51,7 +51,8 @@ def test_a_sample_is_augmented_anew_each_epoch_and_leaves_the_global_generators_
     train_set, _, _ = module.build_datasets(args)
     seeded = module.SeededSamples(train_set, args.seed)
     torch_state, python_state = torch.get_rng_state(), random.getstate()
-    first, again, next_epoch = seeded[(1, 5)][0], seeded[(1, 5)][0], seeded[(2, 5)][0]
+    # An item is ((image, label), unreadable files).
+    first, again, next_epoch = seeded[(1, 5)][0][0], seeded[(1, 5)][0][0], seeded[(2, 5)][0][0]
     assert torch.equal(first, again) and not torch.equal(first, next_epoch)
     assert torch.equal(torch.get_rng_state(), torch_state) and random.getstate() == python_state
 

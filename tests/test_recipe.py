@@ -9,10 +9,14 @@ or restarted after a resume is off by a factor, not a digit.
 AdamW's equivalences. AdamW divides each step by the root of the gradient's running mean square,
 so every weight moves by about --lr (1e-3) a step whatever its gradient's size: where rounding
 flips a ReLU or max-pool tie, a small gradient changes by a large fraction and so does its step.
-Measured here after 24 steps, 2 processes vs one on the global batch: max weight difference
-5.1e-5, per-epoch losses within 7e-7. ADAMW_WEIGHT_ATOL = 5e-4 is 10x that and below half a step
-of AdamW: a bug that changes what is trained (another sample order, a lost or doubled step) moves
-weights by whole steps of 1e-3. Losses keep test_equivalence.py's LOSS_ATOL.
+Measured after 24 steps, 2 processes vs one on the global batch: max weight difference 5.1e-5,
+per-epoch losses within 7e-7 on the first machine; 7.6e-5 and 2.2e-6 on one whose CPU has
+AVX512-FP16 and AMX (other kernels, other rounding). ADAMW_WEIGHT_ATOL = 5e-4 is 10x the weights'
+and below half a step of AdamW: a bug that changes what is trained (another sample order, a lost
+or doubled step) moves weights by whole steps of 1e-3. The losses follow the weights: their
+tolerance was test_equivalence.py's LOSS_ATOL (1e-6, set for SGD, whose losses differ by 7e-8),
+which the second machine exceeded at 2.2e-6; ADAMW_LOSS_ATOL = 1e-5 is about 5x the larger
+measurement; the weights' tolerance, not the losses', is what catches such a bug.
 """
 import math
 import re
@@ -28,6 +32,7 @@ from test_validation import load_script
 
 LR_RTOL = 1e-5
 ADAMW_WEIGHT_ATOL = 5e-4
+ADAMW_LOSS_ATOL = 1e-5
 PROGRESS = re.compile(r"^epoch (\d+)/\d+ step (\d+)/(\d+) loss \S+ \| lr (\S+) \|", re.MULTILINE)
 
 
@@ -89,13 +94,13 @@ ADAMW = ["--optimizer", "adamw"]
 def test_adamw_ddp_on_2_processes_matches_one_process_on_the_global_batch(runs):
     single = runs.get("single16_adamw", "single_gpu.py", [*ADAMW, "--batch-size", "16"])
     ddp = runs.get("basic_w2_adamw", "ddp_basic.py", [*ADAMW, "--batch-size", "8"], nproc=2)
-    assert_same_training(single, ddp, atol=ADAMW_WEIGHT_ATOL)
+    assert_same_training(single, ddp, atol=ADAMW_WEIGHT_ATOL, loss_atol=ADAMW_LOSS_ATOL)
 
 
 def test_adamw_accumulation_matches_one_process_on_the_global_batch(runs):
     single = runs.get("single80_adamw", "single_gpu.py", [*ADAMW, "--batch-size", "80"])
     accum = runs.get("accum5_w2_adamw", "ddp_amp_accum.py", [*ADAMW, *ACCUM], nproc=2)
-    assert_same_training(single, accum, atol=ADAMW_WEIGHT_ATOL)
+    assert_same_training(single, accum, atol=ADAMW_WEIGHT_ATOL, loss_atol=ADAMW_LOSS_ATOL)
 
 
 def test_weight_decay_spares_biases_and_norm_weights():

@@ -72,6 +72,7 @@ MANIFEST = {
             "parse_args": "group",
             "POSITIVE": "group",
             "log": "rank0",
+            "warn": "rank0",
             "setup_distributed": "group",
             "rank0_only": "rank0",
             "rank0_first": "rank0",
@@ -92,7 +93,7 @@ MANIFEST = {
         },
         "removed": {"get_device": "group"},
         "flags_added": {"--backend", "--local-rank", "--timeout-min"},
-        "diff_size": (176, 60),
+        "diff_size": (181, 62),
     },
     "ddp_amp_accum.py": {
         "concepts": [
@@ -183,7 +184,8 @@ MANIFEST = {
             "Preemption": "preempt",
             "ResumableDistributedSampler": "position",
             "ShardSampler": "validation",
-            "build_loaders": [("ShardSampler", "validation"), ("Resumable", "position")],
+            "build_loaders": [("ShardSampler", "validation"), ("sampler=val_sampler", "validation"),
+                              ("Resumable", "position")],
             "train_one_epoch": [("removed:for batch_index", "position"),
                                 ("removed:start = time.perf_counter()", "position"),
                                 ("def train_one_epoch", "state"), ("preemption", "preempt"),
@@ -197,7 +199,7 @@ MANIFEST = {
                                 ("first_step", "position"), ("start_samples", "position")],
             "check_max_steps": "stop",
             "evaluate": [("preemption", "preempt"), ("batches = iter", "preempt"),
-                         ("shorter one", "preempt"), ("longest", "preempt"), ("", "validation")],
+                         ("Shards differ", "preempt"), ("longest", "preempt"), ("", "validation")],
             "TrainState": "state",
             "SHARED_STATE": "state",
             "PER_PROCESS_STATE": "state",
@@ -229,6 +231,6 @@ MANIFEST = {
         "removed": {},
         "flags_added": {"--resume", "--ckpt-steps", "--ckpt-epochs", "--keep-last", "--max-steps",
                         "--sync-bn", "--bucket-cap-mb", "--gradient-as-bucket-view"},
-        "diff_size": (478, 84),
+        "diff_size": (475, 81),
     },
 }

@@ -59,10 +59,10 @@ PITFALLS = [
         "mistake": "validating with `DistributedSampler`, which repeats samples until the set divides evenly",
         "symptom": "`val_samples` 104 for 103 samples on 2 processes; metrics that depend on the world size",
         "correct": "an unpadded shard per rank (`ShardSampler`) and one all-reduce of sums and counts",
-        "fix": [("ddp_full.py", "val_loader = DataLoader(val_set, sampler=ShardSampler(val_set, world_size, rank)")],
+        "fix": [("ddp_full.py", "val_sampler = ShardSampler(val_set, world_size, rank)")],
         "guards": ["tests/test_validation.py::test_ddp_full_sharded_validation_equals_one_process_evaluation"],
-        "mutation": ("ddp_full.py", "sampler=ShardSampler(val_set, world_size, rank)",
-                     "sampler=DistributedSampler(val_set, num_replicas=world_size, rank=rank, shuffle=False)"),
+        "mutation": ("ddp_full.py", "val_sampler = ShardSampler(val_set, world_size, rank)",
+                     "val_sampler = DistributedSampler(val_set, num_replicas=world_size, rank=rank, shuffle=False)"),
     },
     {
         "title": "Forgotten set_epoch",
@@ -389,5 +389,32 @@ PITFALLS = [
         "mutation": ("ddp_basic.py",
                      "    from torch.distributed import fsdp  # noqa: F401 (imports torch.distributed.nn.functional)\n",
                      ""),
+    },
+    {
+        "title": "An unreadable image ends the run",
+        "mistake": "letting a file that cannot be read (truncated, corrupt, gone) raise in the data loader",
+        "symptom": "a traceback from a DataLoader worker mid-epoch, the other processes' gloo \"Connection "
+                   "closed by peer\", and everything since the last checkpoint lost (measured: one truncated "
+                   "PNG, 134 lines of output)",
+        "correct": "skip it: in training the next readable sample takes its place, chosen from the key alone "
+                   "(exactness holds); in validation it is left out; one warning names it, and metrics.jsonl "
+                   "counts it",
+        "fix": [("ddp_full.py", "            except OSError as err:  # PIL's UnidentifiedImageError")],
+        "guards": ["tests/test_unreadable.py::test_an_unreadable_image_is_named_skipped_and_counted_and_ddp_still_equals_one_process"],
+        "mutation": ("ddp_full.py",
+                     "            except OSError as err:  # PIL's UnidentifiedImageError and truncated images among them\n",
+                     "            except ArithmeticError as err:\n"),
+    },
+    {
+        "title": "An unreadable validation image replaced by another",
+        "mistake": "scoring a stand-in (the next readable image) where a validation image cannot be read",
+        "symptom": "the stand-in is counted twice: metrics of a set that does not exist",
+        "correct": "leave the unreadable sample out of validation (ReadableSamples), count it, and score the rest",
+        "fix": [("ddp_full.py", "            return None, [describe_unreadable(self.dataset, index, err)]")],
+        "guards": ["tests/test_unreadable.py::test_an_unreadable_image_is_named_skipped_and_counted_and_ddp_still_equals_one_process"],
+        "mutation": ("ddp_full.py",
+                     "            return None, [describe_unreadable(self.dataset, index, err)]\n",
+                     "            return self.dataset[(index + 1) % len(self.dataset)], "
+                     "[describe_unreadable(self.dataset, index, err)]\n"),
     },
 ]
