@@ -516,10 +516,10 @@ def build_loaders(args, train_set, val_set, device):
         persistent_workers=workers > 0,
         # Page-locked host memory lets the copy to the GPU run asynchronously (non_blocking=True).
         pin_memory=device.type == "cuda",
-        # The loader's own generator seeds its workers (augmentation is seeded per sample anyway),
-        # leaving the global RNG to the model.
         # Each item is (sample, unreadable files): a batch comes as (batch, unreadable files).
         collate_fn=collate_readable,
+        # The loader's own generator seeds its workers (augmentation is seeded per sample anyway),
+        # leaving the global RNG to the model.
         generator=torch.Generator().manual_seed(args.seed),
     )
     train_loader = DataLoader(SeededSamples(train_set, args.seed), sampler=train_sampler,

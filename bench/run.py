@@ -143,7 +143,7 @@ def main(argv=None):
     if "data" in sections:
         lines += data_section(batch, steps)
     if "seeding" in sections:
-        lines += seeding_section(1 if args.quick else args.settings_rounds, 48 if args.quick else 600)
+        lines += seeding_section(1 if args.quick else args.settings_rounds, 48 if args.quick else 600, args.quick)
     curves = {}
     if "curves" in sections:
         lines += curves_section(args, curves, batch, samples)
@@ -204,14 +204,16 @@ def phases(wall, arrivals, out_dir):
 WHOLE = ["--model", "resnet18", "--train-samples", "1024", "--val-samples", "256", "--epochs", "1"]
 
 
-def whole_command(program, nproc, batch, extra=()):
+def whole_command(program, nproc, batch, extra=(), defaults="equal"):
+    """defaults "equal": every program in channels-last memory order, whatever the scripts' own default on
+    this device (the same work, so that a ratio measures the programs, not the layout); "own": each at
+    its own default (the scripts by channels_last_pays, the peers and the bare loop in PyTorch's layout)."""
     launch = [sys.executable] if nproc is None else \
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    # The scripts in whole_run.py's memory layout (channels-last), whatever their own default on this
-    # device: the same work, so that the ratio measures the scripts, not the layout.
+    layout = ["--channels-last"] if defaults == "equal" else []
     script = ["bench/whole_run.py", "--framework", program] if program in ("bare", "accelerate", "fabric") \
-        else [program, "--channels-last"]
-    return [*launch, *script, *WHOLE, "--batch-size", str(batch), "--workers", "0", *extra]
+        else [program]
+    return [*launch, *script, *layout, *WHOLE, "--batch-size", str(batch), "--workers", "0", *extra]
 
 
 def profile_section(args, rounds):
@@ -253,37 +255,55 @@ def profile_section(args, rounds):
     return lines
 
 
+PEER_MODELS = ["resnet18", "cnn"]
+
+
 def peers_section(args, rounds):
-    """ddp_full.py's whole process beside the same training written with the peers."""
+    """ddp_full.py's whole process beside the same training written with the peers: at equal settings
+    (every program in channels-last), and each at its own defaults, for each of PEER_MODELS."""
     programs = ["ddp_full.py", "bare", "accelerate", "fabric"]
     available = [p for p in programs if p not in ("accelerate", "fabric") or __import__("importlib").util.find_spec(
         {"accelerate": "accelerate", "fabric": "lightning_fabric"}[p])]
     if args.quick:
         available = available[:2]
-    walls = {p: [] for p in available}
-    for _ in range(rounds):
-        for program in available:
-            extra = ["--resume", "none"] if program == "ddp_full.py" else []
-            with tempfile.TemporaryDirectory() as out:
-                walls[program].append(timed_run(whole_command(program, 2, 32, [*extra, "--out-dir", out]), out)[0])
-    lines = ["", "## The same run with the peers (2 processes)", "",
-             f"Whole-process wall time of the run above ({WHOLE[1]}, 2 processes x batch 32, one epoch) "
-             "with ddp_full.py, the bare DDP loop, Hugging Face Accelerate and Lightning Fabric "
-             "(`bench/whole_run.py`, the same data, model, optimizer and steps, each validating the same set "
-             f"and writing model.pt), all under torchrun; medians of {rounds} rounds, each round running every "
-             "program once. ddp_full.py also writes a checkpoint and checks its inputs.", "",
-             "| program | version | whole run, s | rounds | ddp_full.py / this |", "| --- | --- | --- | --- | --- |"]
     versions = {"ddp_full.py": "", "bare": "", "accelerate": "", "fabric": ""}
     for program, module in (("accelerate", "accelerate"), ("fabric", "lightning_fabric")):
         if program in available:
             versions[program] = __import__(module).__version__
-    full = walls["ddp_full.py"]
-    for program in available:
-        ratio = [a / b for a, b in zip(full, walls[program])]
-        lines.append(f"| {program} | {versions[program]} | {statistics.median(walls[program]):.2f} | "
-                     f"{', '.join(f'{w:.2f}' for w in walls[program])} | {statistics.median(ratio):.3f} "
-                     f"({min(ratio):.2f}-{max(ratio):.2f}) |")
-        print(f"peers {program}: {statistics.median(walls[program]):.2f} s", flush=True)
+    lines = ["", "## The same run with the peers (2 processes)", "",
+             f"Whole-process wall time of the run above ({' '.join(WHOLE[2:])}, 2 processes x batch 32) with "
+             "ddp_full.py, the bare DDP loop, Hugging Face Accelerate and Lightning Fabric (`bench/whole_run.py`, "
+             "the same data, model, optimizer and steps, each validating the same set and writing model.pt), all "
+             f"under torchrun; medians of {rounds} rounds, each round running every program once. ddp_full.py also "
+             "writes a checkpoint and checks its inputs. *Equal settings*: every program in channels-last memory "
+             "order. *Own defaults*: each as it comes — ddp_full.py by `channels_last_pays` (on CPU channels-last "
+             "for the CNN, contiguous for resnet18), the peers and the bare loop in PyTorch's contiguous layout.", "",
+             "| model | settings | program | version | whole run, s | rounds | ddp_full.py / this |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    models = PEER_MODELS[-1:] if args.quick else PEER_MODELS
+    saved = list(WHOLE)
+    for model in models:
+        WHOLE[:] = saved
+        WHOLE[WHOLE.index("--model") + 1] = model
+        for defaults in ("equal", "own"):
+            walls = {p: [] for p in available}
+            for _ in range(rounds):
+                for program in available:
+                    extra = ["--resume", "none"] if program == "ddp_full.py" else []
+                    with tempfile.TemporaryDirectory() as out:
+                        command = whole_command(program, 2, 32, [*extra, "--out-dir", out], defaults)
+                        walls[program].append(timed_run(command, out)[0])
+            full = walls["ddp_full.py"]
+            best_peer = min((statistics.median(walls[p]), p) for p in available if p != "ddp_full.py")
+            for program in available:
+                ratio = [a / b for a, b in zip(full, walls[program])]
+                setting = "equal settings" if defaults == "equal" else "own defaults"
+                lines.append(f"| {model} | {setting} | {program} | {versions[program]} | "
+                             f"{statistics.median(walls[program]):.2f} | {', '.join(f'{w:.2f}' for w in walls[program])} | "
+                             f"{statistics.median(ratio):.3f} ({min(ratio):.2f}-{max(ratio):.2f}) |")
+            print(f"peers {model} {defaults}: ddp_full {statistics.median(full):.2f} s, best other "
+                  f"{best_peer[1]} {best_peer[0]:.2f} s, ratio {statistics.median(full) / best_peer[0]:.3f}", flush=True)
+    WHOLE[:] = saved
     missing = set(programs) - set(available)
     if missing and not args.quick:
         lines += ["", f"Not installed, so not measured: {', '.join(sorted(missing))} "
@@ -497,7 +517,7 @@ def data_section(batch, steps):
     return lines
 
 
-def seeding_section(rounds, images):
+def seeding_section(rounds, images, quick=False):
     """Image-folder loading with each sample's augmentation seeded (SeededSamples) against the same
     loader drawing from its workers' generators: decoding, random crop and flip, one epoch."""
     import importlib.util
@@ -514,7 +534,8 @@ def seeding_section(rounds, images):
              "transforms (random resized crop to 224, flip, normalize) in batches of 32, as samples/s; seeded "
              "(`SeededSamples`, the scripts' loader) over unseeded (the same dataset and sampler, drawing from "
              f"the generators of the process that loads). Medians of {rounds} interleaved rounds.", "",
-             "| workers | seeded / unseeded | rounds |", "| --- | --- | --- |"]
+             "| workers | seeded, samples/s | seeded / unseeded | rounds |", "| --- | --- | --- | --- |"]
+    feeds = {}
     with tempfile.TemporaryDirectory() as root:
         for split, count in (("train", images), ("val", 3)):
             for c in range(3):
@@ -541,8 +562,38 @@ def seeding_section(rounds, images):
                     count = sum(len((batch[0] if seeded else batch)[1]) for batch in loader)
                     rates[seeded] = count / (time.perf_counter() - start)
                 ratios.append(rates[True] / rates[False])
-            lines.append(f"| {workers} | {statistics.median(ratios):.3f} | {', '.join(f'{r:.3f}' for r in ratios)} |")
+                feeds.setdefault(workers, []).append(rates[True])
+            lines.append(f"| {workers} | {statistics.median(feeds[workers]):.0f} | {statistics.median(ratios):.3f} | "
+                         f"{', '.join(f'{r:.3f}' for r in ratios)} |")
             print(f"seeding, {workers} workers: {statistics.median(ratios):.3f}", flush=True)
+    # What the loading must feed: one process's training step on the same 224-pixel batches, one thread
+    # (torchrun's OMP_NUM_THREADS=1 for several processes a node).
+    lines += ["", "What that loading feeds: one training step (forward, backward, SGD) on batches of 32 at 224 px "
+              "in one process, one thread, as samples/s, against the seeded loading above (loading / step above "
+              "1: the data keeps up).", "",
+              "| model | step, samples/s | loading with 0 workers / step | with 2 workers / step |",
+              "| --- | --- | --- | --- |"]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for model_name in ("resnet18",) if quick else ("resnet18", "resnet50"):
+            model = module.build_model(module.parse_args(["--model", model_name]), 3)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+            images, labels = torch.randn(32, 3, 224, 224), torch.randint(3, (32,))
+            times = []
+            for step in range(2 + rounds):
+                start = time.perf_counter()
+                torch.nn.functional.cross_entropy(model(images), labels).backward()
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                if step >= 2:  # the first two warm up
+                    times.append(time.perf_counter() - start)
+            rate = 32 / statistics.median(times)
+            lines.append(f"| {model_name} | {rate:.1f} | {statistics.median(feeds[0]) / rate:.1f} | "
+                         f"{statistics.median(feeds[2]) / rate:.1f} |")
+            print(f"seeding, {model_name} step: {rate:.1f} samples/s", flush=True)
+    finally:
+        torch.set_num_threads(threads)
     return lines
 
 

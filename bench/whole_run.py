@@ -4,8 +4,9 @@
     torchrun --standalone --nproc_per_node=2 bench/whole_run.py --framework accelerate ARGS
     torchrun --standalone --nproc_per_node=2 bench/whole_run.py --framework fabric ARGS
 
-The same work as `ddp_full.py` with the same ARGS: the scripts' synthetic data, model (channels-last),
-SGD settings, per-process batch, DistributedSampler shuffle and epochs; validation of the whole
+The same work as `ddp_full.py` with the same ARGS: the scripts' synthetic data, model (in channels-last
+memory order with --channels-last, as the scripts can be told; else PyTorch's default, contiguous, as
+each peer leaves it), SGD settings, per-process batch, DistributedSampler shuffle and epochs; validation of the whole
 validation set with one all-reduce of sums; model.pt written by rank 0 at the end. What it leaves
 out is what a reference adds: checkpoints, resume, preemption, argument checks, logging.
   bare        DistributedDataParallel by hand, the fewest lines that do the work
@@ -41,6 +42,8 @@ def main():
     parser.add_argument("--val-samples", type=int, default=1000)
     parser.add_argument("--lr", type=float, default=0.03)
     parser.add_argument("--out-dir", default="runs/whole_run")
+    parser.add_argument("--channels-last", action="store_true",
+                        help="model and batches in channels-last memory order (default: PyTorch's, contiguous)")
     args, _ = parser.parse_known_args()  # the scripts' other flags (--workers 0, ...) are their defaults here
     torch.manual_seed(0)
     if args.model == "cnn":
@@ -48,7 +51,8 @@ def main():
     else:
         import torchvision
         model = torchvision.models.get_model(args.model, num_classes=10)
-    model = model.to(memory_format=torch.channels_last)
+    args.layout = torch.channels_last if args.channels_last else torch.contiguous_format
+    model = model.to(memory_format=args.layout)
     train_set = make_synthetic(args.train_samples, 0, "train")
     val_set = make_synthetic(args.val_samples, 0, "val")
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
@@ -57,9 +61,9 @@ def main():
     run(args, model, optimizer, train_set, val_set)
 
 
-def batches(loader, device):
+def batches(loader, device, layout):
     for images, labels in loader:
-        yield images.to(device, memory_format=torch.channels_last), labels.to(device)
+        yield images.to(device, memory_format=layout), labels.to(device)
 
 
 def report(times, world_size, args):
@@ -86,7 +90,7 @@ def bare(args, model, optimizer, train_set, val_set):
     for epoch in range(args.epochs):
         start = time.perf_counter()
         sampler.set_epoch(epoch)
-        for images, labels in batches(loader, device):
+        for images, labels in batches(loader, device, args.layout):
             loss = F.cross_entropy(model(images), labels)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -95,7 +99,7 @@ def bare(args, model, optimizer, train_set, val_set):
         model.eval()
         sums = torch.zeros(3, dtype=torch.float64)
         with torch.no_grad():
-            for images, labels in batches(val_loader, device):
+            for images, labels in batches(val_loader, device, args.layout):
                 logits = unwrapped(images)
                 sums += torch.tensor([F.cross_entropy(logits, labels, reduction="sum").item(),
                                       (logits.argmax(1) == labels).sum().item(), len(labels)])
@@ -126,7 +130,7 @@ def accelerate(args, model, optimizer, train_set, val_set):
     times = {"train": 0.0, "val": 0.0, "write": 0.0}
     for epoch in range(args.epochs):
         start = time.perf_counter()
-        for images, labels in batches(loader, accelerator.device):
+        for images, labels in batches(loader, accelerator.device, args.layout):
             loss = F.cross_entropy(model(images), labels)
             optimizer.zero_grad(set_to_none=True)
             accelerator.backward(loss)
@@ -135,7 +139,7 @@ def accelerate(args, model, optimizer, train_set, val_set):
         model.eval()
         sums = torch.zeros(3, dtype=torch.float64, device=accelerator.device)
         with torch.no_grad():
-            for images, labels in batches(val_loader, accelerator.device):
+            for images, labels in batches(val_loader, accelerator.device, args.layout):
                 logits = model(images)
                 sums += torch.tensor([F.cross_entropy(logits, labels, reduction="sum").item(),
                                       (logits.argmax(1) == labels).sum().item(), len(labels)])
@@ -165,7 +169,7 @@ def fabric(args, model, optimizer, train_set, val_set):
     for epoch in range(args.epochs):
         start = time.perf_counter()
         loader.sampler.set_epoch(epoch)
-        for images, labels in batches(loader, fabric.device):
+        for images, labels in batches(loader, fabric.device, args.layout):
             loss = F.cross_entropy(model(images), labels)
             optimizer.zero_grad(set_to_none=True)
             fabric.backward(loss)
@@ -174,7 +178,7 @@ def fabric(args, model, optimizer, train_set, val_set):
         model.eval()
         sums = torch.zeros(3, dtype=torch.float64)
         with torch.no_grad():
-            for images, labels in batches(val_loader, fabric.device):
+            for images, labels in batches(val_loader, fabric.device, args.layout):
                 logits = model(images)
                 sums += torch.tensor([F.cross_entropy(logits, labels, reduction="sum").item(),
                                       (logits.argmax(1) == labels).sum().item(), len(labels)])

@@ -17,8 +17,8 @@ SCRIPTS = ["single_gpu.py", "dataparallel.py", "ddp_basic.py", "ddp_amp_accum.py
 @pytest.mark.slow
 def test_benchmark_quick_run_writes_a_results_table(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--quick", "--sections",
-                             "overhead,profile", "--scripts", "single_gpu.py", "--out", str(tmp_path)],
-                            cwd=ROOT, capture_output=True, text=True, timeout=240)
+                             "overhead,profile,peers,seeding", "--scripts", "single_gpu.py", "--out", str(tmp_path)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert result.returncode == 0, result.stderr[-3000:]
     text = (tmp_path / "results.md").read_text()
     profile, overhead = text.split("## Whole runs, phase by phase")[1].split("## 1. Overhead")
@@ -26,6 +26,13 @@ def test_benchmark_quick_run_writes_a_results_table(tmp_path):
     assert ratio > 0  # a measured number, not a placeholder; its size is the benchmark's business
     phases = [float(cell) for cell in profile.split("| single_gpu.py |")[1].split("|")[:7]]
     assert all(seconds >= -0.05 for seconds in phases) and phases[-1] > 0  # seconds of each phase, whole run
+    # The peers at equal settings and at their own defaults (quick: the CNN, ddp_full.py and the bare loop).
+    for setting in ("equal settings", "own defaults"):
+        row = next(line for line in text.splitlines() if line.startswith(f"| cnn | {setting} | bare |"))
+        assert float(row.split("|")[5]) > 0
+    # Image loading beside the training step it feeds.
+    step = next(line for line in text.splitlines() if line.startswith("| resnet18 |"))
+    assert float(step.split("|")[2]) > 0
 
 
 def test_gpu_check_runs_every_script_with_flags_it_accepts(tmp_path):

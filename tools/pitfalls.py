@@ -372,7 +372,7 @@ PITFALLS = [
         "fix": [("ddp_full.py", "seed = ((self.seed * 1_000_003 + epoch) * 1_000_000_007 + index) % 2**63")],
         "guards": ["tests/test_augmentation.py::test_resume_with_augmenting_workers_is_bitwise_mid_epoch_and_at_an_epoch_boundary"],
         "mutation": ("ddp_full.py", "        epoch, index = key\n",
-                     "        epoch, index = key\n        return self.dataset[index]\n"),
+                     "        epoch, index = key\n        return self.dataset[index], []\n"),
     },
     {
         "title": "A process group kept alive past destroy_process_group",
