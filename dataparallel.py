@@ -44,6 +44,9 @@ MOMENTUM = 0.9
 OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.03, "weight_decay": 5e-4},
                       "adamw": {"lr": 1e-3, "weight_decay": 0.05}}
 
+# What reading a broken file raises: OSError (PIL's UnidentifiedImageError, a truncated image, a
+# file gone) and, from PIL for a PNG with a broken chunk, SyntaxError. Anything else is a bug.
+UNREADABLE = (OSError, SyntaxError)
 # Consecutive unreadable samples a training sample may skip to find a readable one: more, and
 # the data set is broken, not a file in it.
 MAX_UNREADABLE_IN_A_ROW = 16
@@ -362,11 +365,12 @@ def log_recipe(args):
 
 def log_epoch(record, epochs):
     metrics = " ".join(f"val_{name} {record[f'val_{name}']:.4f}" for name in EVAL_METRICS)
+    unreadable = record.get("train_unreadable", 0) + record["val_unreadable"]  # epoch 0: val only
+    skipped = f" | unreadable files skipped: {unreadable}" if unreadable else ""
     if record["epoch"] == 0:  # the starting weights of a fine-tuning run: no training yet
-        log(f"epoch 0/{epochs} (starting weights) {metrics} ({record['val_samples']} samples)")
+        log(f"epoch 0/{epochs} (starting weights) {metrics} ({record['val_samples']} samples)"
+            f"{skipped}")
         return
-    unreadable = record["train_unreadable"] + record["val_unreadable"]
-    skipped = f" | {unreadable} unreadable files skipped" if unreadable else ""
     log(f"epoch {record['epoch']}/{epochs} train_loss {record['train_loss']:.4f} {metrics} "
         f"({record['val_samples']} samples) | {record['samples_per_sec']:.0f} samples/s{skipped}")
 
@@ -406,7 +410,7 @@ class SeededSamples(Dataset):
     A sample whose file cannot be read (truncated, corrupt, gone) gives its place to the next
     readable one in index order, loaded with the key's seed: a choice made from the key alone,
     so that every exactness promise holds (each process, worker and resume makes the same one).
-    Each item is (sample, the files skipped for it); the training loop reports and counts them.
+    Each item is (sample, [] or [its unreadable file]); the training loop reports and counts it.
     """
 
     def __init__(self, dataset, seed):
@@ -420,14 +424,15 @@ class SeededSamples(Dataset):
         if isinstance(self.dataset, TensorDataset):
             return self.dataset[index], []  # tensors in memory: no transform to seed, no file
         seed = ((self.seed * 1_000_003 + epoch) * 1_000_000_007 + index) % 2**63
-        unreadable = []
-        for offset in range(min(MAX_UNREADABLE_IN_A_ROW + 1, len(self.dataset))):
-            candidate = (index + offset) % len(self.dataset)
+        unreadable, tries = [], min(MAX_UNREADABLE_IN_A_ROW + 1, len(self.dataset))
+        for offset in range(tries):
             try:
-                return self.load(candidate, seed), unreadable
-            except OSError as err:  # PIL's UnidentifiedImageError and truncated images among them
-                unreadable.append(describe_unreadable(self.dataset, candidate, err))
-        raise OSError(f"{len(unreadable)} samples in a row cannot be read, from {unreadable[0]}")
+                return self.load((index + offset) % len(self.dataset), seed), unreadable
+            except UNREADABLE as err:
+                # This sample's own file is reported (once per epoch); the others tried in its
+                # place are reported by their own keys.
+                unreadable = unreadable or [describe_unreadable(self.dataset, index, err)]
+        raise OSError(f"{tries} samples in a row cannot be read, from {unreadable[0]}")
 
     def load(self, index, seed):
         if torch.utils.data.get_worker_info() is not None:
@@ -459,20 +464,23 @@ class ReadableSamples(Dataset):
     def __getitem__(self, index):
         try:
             return self.dataset[index], []
-        except OSError as err:
+        except UNREADABLE as err:
             return None, [describe_unreadable(self.dataset, index, err)]
 
 
 def describe_unreadable(dataset, index, err):
     """'file (reason)' for a sample that cannot be read: its file where the data set lists them
     (torchvision's ImageFolder and DatasetFolder: .samples), else its index."""
-    reason = err.strerror or str(err).split(" <")[0]  # PIL names the file object: left out
+    # An OSError's own words where it has them; PIL's name the file object: that is left out.
+    reason = getattr(err, "strerror", None) or str(err).split(" <")[0]
     while isinstance(dataset, Subset):
         dataset, index = dataset.dataset, dataset.indices[index]
     try:
-        return f"{dataset.samples[index][0]} ({reason})"
+        entry = dataset.samples[index]
     except (AttributeError, LookupError, TypeError):
-        return f"sample {index} ({reason})"
+        entry = None
+    path = entry[0] if isinstance(entry, (tuple, list)) and entry else entry
+    return f"{path if isinstance(path, (str, os.PathLike)) else f'sample {index}'} ({reason})"
 
 
 def collate_readable(items):
@@ -557,17 +565,18 @@ def to_device(batch, device, channels_last):
 
 # --- model --------------------------------------------------------------------------------------
 
-def check_model_fits(args, num_outputs, dataset):
+def check_model_fits(args, num_outputs, train_set, val_set):
     """One sample through the model on the meta device (shapes only: no memory, no arithmetic).
     A model that cannot take the data (a ViT built for 224-pixel images, fed 32) is a ConfigError
     here, in one line, rather than a traceback in the first step; so is a data set none of whose
     first samples can be read."""
-    # The first readable sample: a file that cannot be read is skipped in training and
-    # validation alike, but a set none of whose first samples can be read is no data set.
-    try:
-        sample, _ = SeededSamples(dataset, args.seed)[(0, 0)]
-    except OSError as err:
-        raise ConfigError(f"the data cannot be read: {err}") from None
+    # A file that cannot be read is skipped in training and validation alike, but a set none of
+    # whose first samples can be read is no data set. The model meets a validation sample.
+    for dataset in (train_set, val_set):
+        try:
+            sample, _ = SeededSamples(dataset, args.seed)[(0, 0)]
+        except OSError as err:
+            raise ConfigError(f"the data cannot be read: {err}") from None
     with torch.device("meta"):
         model = build_model(args, num_outputs).eval()
     try:
@@ -768,7 +777,7 @@ def train(args):
     # If the results cannot be written, stop now, not after training.
     prepare_out_dir(args)
     train_set, val_set, num_outputs = build_datasets(args)
-    check_model_fits(args, num_outputs, val_set)
+    check_model_fits(args, num_outputs, train_set, val_set)
     train_loader, val_loader = build_loaders(args, train_set, val_set, device)
     set_seed(args.seed)
     model = build_model(args, num_outputs)

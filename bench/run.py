@@ -282,6 +282,20 @@ def peers_section(args, rounds):
              "| --- | --- | --- | --- | --- | --- | --- |"]
     models = PEER_MODELS[-1:] if args.quick else PEER_MODELS
     saved = list(WHOLE)
+    try:
+        lines += peer_rows(args, rounds, models, available, versions, saved)
+    finally:
+        WHOLE[:] = saved
+    missing = set(programs) - set(available)
+    if missing and not args.quick:
+        lines += ["", f"Not installed, so not measured: {', '.join(sorted(missing))} "
+                      "(`pip install -r requirements-bench.txt`)."]
+    return lines
+
+
+def peer_rows(args, rounds, models, available, versions, saved):
+    """The peers table's rows: each model at equal settings and at each program's own defaults."""
+    lines = []
     for model in models:
         WHOLE[:] = saved
         WHOLE[WHOLE.index("--model") + 1] = model
@@ -303,11 +317,6 @@ def peers_section(args, rounds):
                              f"{statistics.median(ratio):.3f} ({min(ratio):.2f}-{max(ratio):.2f}) |")
             print(f"peers {model} {defaults}: ddp_full {statistics.median(full):.2f} s, best other "
                   f"{best_peer[1]} {best_peer[0]:.2f} s, ratio {statistics.median(full) / best_peer[0]:.3f}", flush=True)
-    WHOLE[:] = saved
-    missing = set(programs) - set(available)
-    if missing and not args.quick:
-        lines += ["", f"Not installed, so not measured: {', '.join(sorted(missing))} "
-                      "(`pip install -r requirements-bench.txt`)."]
     return lines
 
 

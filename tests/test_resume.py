@@ -126,3 +126,19 @@ def test_a_finished_run_started_again_says_so_and_trains_nothing(runs, tmp_path)
     result = run_full(tmp_path / "run", *ARGS)
     assert "nothing to train: the run already completed 2 epochs; start afresh with --resume none" in result.stdout
     assert "train_loss" not in result.stdout and "step_000000024.pt: epoch 3, step 0" in result.stdout
+
+
+def test_a_checkpoint_from_before_the_unreadable_count_still_resumes_bitwise(runs, tmp_path):
+    # Checkpoints written before the count of unreadable files hold [loss sum, samples] per
+    # process; restore() reads them as counting none. Stopped mid-epoch, such a file resumes to the
+    # same end as the uninterrupted run (whose unreadable counts are 0 too).
+    reference = runs.get("full_fp16_accum_w2", "ddp_full.py", FP16_ACCUM, nproc=2)
+    run_full(tmp_path, *FP16_ACCUM, "--max-steps", "2")
+    path = tmp_path / "checkpoints" / "step_000000002.pt"
+    checkpoint = torch.load(path, weights_only=True)
+    assert all(len(state["train_totals"]) == 3 for state in checkpoint["rank_states"])
+    for state in checkpoint["rank_states"]:
+        state["train_totals"] = state["train_totals"][:2]
+    torch.save(checkpoint, path)
+    run_full(tmp_path, *FP16_ACCUM)
+    assert_bitwise_equal(reference, tmp_path)

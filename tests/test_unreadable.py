@@ -1,8 +1,9 @@
 """A file that cannot be read is one warning naming it, from the process that met it, and the run
 goes on: nothing is lost, and every exactness promise still holds.
 
-The generated image tree with one training PNG truncated to 40 bytes (what a broken copy leaves)
-and one validation PNG emptied. In training, SeededSamples gives an unreadable sample's place to the
+The generated image tree with one training PNG truncated to 40 bytes (what a broken copy leaves;
+PIL cannot identify it), another whose second image-data chunk has a garbled type (PIL opens it,
+then raises SyntaxError "broken PNG file" as it decodes), and one validation PNG emptied. In training, SeededSamples gives an unreadable sample's place to the
 next readable one in index order, loaded with the key's seed: the same choice in every process,
 worker and resume, so one process on the global batch still trains what ddp_full trains on 2
 (test_equivalence.py's tolerances). In validation the sample is left out, never replaced (a stand-in
@@ -10,7 +11,10 @@ would count another sample twice): 8 of 9 images scored. Both are counted in met
 (train_unreadable, val_unreadable) and on the epoch line.
 """
 import fcntl
+import re
 import shutil
+import struct
+import zlib
 
 import pytest
 
@@ -19,7 +23,23 @@ from test_equivalence import assert_same_training
 from test_resume import assert_bitwise_equal
 
 TRAIN_BROKEN = ("train", CLASSES[1], "3.png")
+TRAIN_GARBLED = ("train", CLASSES[2], "5.png")
 VAL_BROKEN = ("val", CLASSES[0], "1.png")
+
+
+def garble(path):
+    """Split the PNG's image data in two chunks, then garble the second one's type."""
+    data = path.read_bytes()
+    start = data.index(b"IDAT") - 4
+    length = struct.unpack(">I", data[start:start + 4])[0]
+    payload, rest = data[start + 8:start + 8 + length], data[start + 12 + length:]
+
+    def chunk(kind, body):
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    half = len(payload) // 2
+    path.write_bytes(data[:start] + chunk(b"IDAT", payload[:half]) + chunk(b"\x01\x02\x03\x04", payload[half:])
+                     + rest)
 
 
 @pytest.fixture(scope="session")
@@ -32,6 +52,7 @@ def broken_tree(runs, image_tree):
             shutil.copytree(image_tree, root)
             train_file = root.joinpath(*TRAIN_BROKEN)
             train_file.write_bytes(train_file.read_bytes()[:40])
+            garble(root.joinpath(*TRAIN_GARBLED))
             root.joinpath(*VAL_BROKEN).write_bytes(b"")
             (runs.root / "broken_images.done").touch()
     return root
@@ -54,15 +75,19 @@ def test_an_unreadable_image_is_named_skipped_and_counted_and_ddp_still_equals_o
     ddp = check(launch("ddp_full.py", [*args, "--out-dir", str(tmp_path / "ddp")], nproc=2))
     for result, script in ((single, "single_gpu.py"), (ddp, "ddp_full.py")):
         assert script_traceback(result, script) == []
-        # Once an epoch each: the training file from the one process whose shard holds it, the
-        # validation file from the one process whose shard holds it.
-        assert len(warnings_naming(result, TRAIN_BROKEN)) == 2, result.stderr
-        assert all("trained on the next readable sample" in line for line in warnings_naming(result, TRAIN_BROKEN))
-        assert len(warnings_naming(result, VAL_BROKEN)) == 2, result.stderr
-        assert all("left out of validation" in line for line in warnings_naming(result, VAL_BROKEN))
-        assert "2 unreadable files skipped" in result.stdout
+        # Once an epoch each (2 epochs), from the one process whose shard holds the file; a DDP
+        # script's line names that process.
+        for parts, outcome in ((TRAIN_BROKEN, "trained on the next readable sample in its place"),
+                               (TRAIN_GARBLED, "trained on the next readable sample in its place"),
+                               (VAL_BROKEN, "left out of validation")):
+            lines = warnings_naming(result, parts)
+            assert len(lines) == 2 and all(line.endswith(outcome) for line in lines), result.stderr
+            if script == "ddp_full.py":
+                assert all(re.match(r"ddp_full\.py: warning: rank [01]: cannot read ", line) for line in lines), lines
+        assert "broken PNG file" in warnings_naming(result, TRAIN_GARBLED)[0]  # PIL's SyntaxError
+        assert result.stdout.count("unreadable files skipped: 3") == 2
     for record in metrics(tmp_path / "single") + metrics(tmp_path / "ddp"):
-        assert (record["train_unreadable"], record["val_unreadable"], record["val_samples"]) == (1, 1, 8)
+        assert (record["train_unreadable"], record["val_unreadable"], record["val_samples"]) == (2, 1, 8)
     assert_same_training(tmp_path / "single", tmp_path / "ddp")
 
 
@@ -84,6 +109,6 @@ def test_a_data_set_none_of_whose_first_images_can_be_read_is_one_error_line(ima
     result = launch("single_gpu.py", [*broken_args(tree, 0), "--out-dir", str(tmp_path / "out")])
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
-    assert len(errors) == 1 and "the data cannot be read: 9 samples in a row cannot be read" in errors[0], \
+    assert len(errors) == 1 and "the data cannot be read: 17 samples in a row cannot be read" in errors[0], \
         result.stderr
     assert script_traceback(result, "single_gpu.py") == []

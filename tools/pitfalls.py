@@ -382,12 +382,11 @@ PITFALLS = [
         "symptom": "the group and its gloo threads outlive `destroy_process_group()` and end with the "
                    "interpreter, which now and then aborts a finished run (`terminate called without an "
                    "active exception`, exit -6; torchrun reports the run as failed)",
-        "correct": "import it (with `torch.distributed.fsdp`) before `init_process_group`: the defaults then "
-                   "hold None",
-        "fix": [("ddp_basic.py", "    from torch.distributed import fsdp")],
+        "correct": "import it before `init_process_group`: the defaults then hold None",
+        "fix": [("ddp_basic.py", "    from torch.distributed.nn import functional")],
         "guards": ["tests/test_teardown.py::test_no_gloo_thread_outlives_main_after_a_finished_run"],
         "mutation": ("ddp_basic.py",
-                     "    from torch.distributed import fsdp  # noqa: F401 (imports torch.distributed.nn.functional)\n",
+                     "    from torch.distributed.nn import functional  # noqa: F401\n",
                      ""),
     },
     {
@@ -399,11 +398,11 @@ PITFALLS = [
         "correct": "skip it: in training the next readable sample takes its place, chosen from the key alone "
                    "(exactness holds); in validation it is left out; one warning names it, and metrics.jsonl "
                    "counts it",
-        "fix": [("ddp_full.py", "            except OSError as err:  # PIL's UnidentifiedImageError")],
+        "fix": [("ddp_full.py", "                unreadable = unreadable or [describe_unreadable")],
         "guards": ["tests/test_unreadable.py::test_an_unreadable_image_is_named_skipped_and_counted_and_ddp_still_equals_one_process"],
         "mutation": ("ddp_full.py",
-                     "            except OSError as err:  # PIL's UnidentifiedImageError and truncated images among them\n",
-                     "            except ArithmeticError as err:\n"),
+                     "            except UNREADABLE as err:\n                # This sample's own file",
+                     "            except ArithmeticError as err:\n                # This sample's own file"),
     },
     {
         "title": "An unreadable validation image replaced by another",
