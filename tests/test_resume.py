@@ -6,6 +6,8 @@ partial loss sums, position in the epoch), and CPU runs are bitwise repeatable.
 """
 import shutil
 
+import pytest
+
 import torch
 
 from conftest import IMAGEFOLDER, TINY, check, launch, metrics, weights
@@ -128,6 +130,7 @@ def test_a_finished_run_started_again_says_so_and_trains_nothing(runs, tmp_path)
     assert "train_loss" not in result.stdout and "step_000000024.pt: epoch 3, step 0" in result.stdout
 
 
+@pytest.mark.slow  # a compatibility case: second tier, to keep the first at about 5 minutes
 def test_a_checkpoint_from_before_the_unreadable_count_still_resumes_bitwise(runs, tmp_path):
     # Checkpoints written before the count of unreadable files hold [loss sum, samples] per
     # process; restore() reads them as counting none. Stopped mid-epoch, such a file resumes to the
