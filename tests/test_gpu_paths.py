@@ -75,3 +75,20 @@ def test_batchnorm_really_fails_on_a_chunk_of_one_sample():
         assert "Expected more than 1 value per channel" in str(err)
     else:
         raise AssertionError("BatchNorm trained on one sample")
+
+
+def test_pinned_memory_keeps_the_batch_and_its_unreadable_files_apart(monkeypatch):
+    # On CUDA the loaders pin each batch (pin_memory=True), and torch's pin_memory rebuilds the
+    # structure it is given: the (batch, unreadable files) pair of collate_readable must come out
+    # as it went in -- a tuple, the file names as strings, a batch of nothing as None. CPU stand-in:
+    # torch's own pin_memory with Tensor.pin_memory made the identity (pinning needs a GPU).
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    module = load_script("ddp_full.py")
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *args, **kwargs: self)
+    items = [((torch.ones(3, 4, 4), torch.tensor(1)), []), (None, ["a.png (broken)"]),
+             ((torch.zeros(3, 4, 4), torch.tensor(2)), [])]
+    (images, labels), unreadable = pin_memory(module.collate_readable(items))
+    assert images.shape == (2, 3, 4, 4) and labels.tolist() == [1, 2] and unreadable == ["a.png (broken)"]
+    batch, unreadable = pin_memory(module.collate_readable([(None, ["b.png (broken)"])]))
+    assert batch is None and unreadable == ["b.png (broken)"]
