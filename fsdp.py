@@ -1,0 +1,1570 @@
+"""Step 6 of the DDP ladder: the same trainer fully sharded (FSDP2), for models too big for a GPU.
+
+    torchrun --standalone --nproc_per_node=4 fsdp.py
+    python fsdp.py                                              # a world of one process
+    python -m torch.distributed.launch --nproc_per_node=4 fsdp.py       # the legacy launcher
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc_per_node=4 \
+        --max-restarts=3 fsdp.py                                # restarts resume by themselves
+    (unset, a restart often fails on stale keys of the reused rendezvous store: pytorch#135712)
+    torchrun --standalone --nproc_per_node=3 fsdp.py            # resumes a run of 2 or 4 processes
+
+To train something else, edit the section "your data and model" and nothing else.
+
+Each process holds 1/world size of every parameter, of its gradient and of the optimizer's state
+(fully_shard, block by block), reads its own shard of every epoch, and before each block's forward
+and backward gathers that block's full parameters from all processes, freeing them after; backward
+reduce-scatters the gradients, so each process steps the optimizer on its own shard alone. Only
+rank 0 logs and writes single files (a warning comes from the process that meets its cause).
+
+--amp bf16 keeps the shards in float32 and gathers them in bf16 for compute, with gradients
+reduced in float32 (fp16 adds a GradScaler); --accum-steps K sums the gradients of K
+micro-batches before each optimizer step, reduce-scattering each micro-batch's.
+
+Every process scores a shard of the validation set with rank 0's BatchNorm statistics, and one
+all-reduce of sums gives the whole set's exact metrics. Every process writes its own shard of each
+checkpoint (torch.distributed.checkpoint), and a checkpoint appears, by a rename, only when all are
+written; the same command resumes from the newest complete one (--resume auto), bitwise identical
+to a run never stopped, random augmentation included (seeded per sample), or on another number of
+processes, resharded, at the same sample. SIGTERM (preemption) stops every process at the same
+batch, in training or validation, writes a checkpoint and exits with status 75 (EX_TEMPFAIL):
+requeue me. model.pt is the whole model, gathered to rank 0: it loads into the plain model.
+"""
+import argparse
+import dataclasses
+import datetime
+import gc
+import itertools
+import json
+import math
+import os
+import pickle
+import random
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+# FSDP's modules are imported here, before any process group exists: some of the modules they
+# import take the default group as a default argument, read once at import (see
+# setup_distributed).
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_state_dict, set_state_dict)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.utils.data import (DataLoader, Dataset, DistributedSampler, Sampler, Subset,
+                              TensorDataset, default_collate)
+
+# torchvision is imported inside the functions that need it: it takes seconds to import, and the
+# default run (synthetic data, small CNN) does not use it.
+
+MOMENTUM = 0.9
+# The learning rate and weight decay each optimizer is usually given (SGD's: the CIFAR recipes';
+# AdamW's: PyTorch's default rate and the decay of the vision transformer recipes).
+OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.03, "weight_decay": 5e-4},
+                      "adamw": {"lr": 1e-3, "weight_decay": 0.05}}
+AMP_DTYPES = {"none": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# A resumed run continues the same training: every setting must match the checkpoint's but these,
+# which change how the run goes on, not what it computes (speed settings change rounding at most;
+# augmentation is seeded per sample, whatever --workers). And --epochs, but with --lr-schedule
+# constant only: the cosine schedule is laid over --epochs (load_checkpoint adds it then). The
+# number of processes may change too: checkpoints are resharded as they load.
+RESUME_MAY_CHANGE = ("workers", "out_dir", "log_interval", "resume", "ckpt_steps",
+                     "ckpt_epochs", "keep_last", "max_steps", "backend", "local_rank",
+                     "timeout_min", "channels_last", "tf32", "cudnn_benchmark", "compile",
+                     "init_from")
+# A checkpoint is a directory: one file of shards per process, torch.distributed.checkpoint's
+# .metadata, and train_state.pt (what is not sharded).
+CHECKPOINT_NAME = re.compile(r"^step_(\d+)$")
+# sysexits.h EX_TEMPFAIL: "try again later". A preempted run exits with it after its checkpoint.
+EXIT_REQUEUE = 75
+
+# What reading a broken file raises: OSError (PIL's UnidentifiedImageError, a truncated image, a
+# file gone) and, from PIL for a PNG with a broken chunk, SyntaxError. Anything else is a bug.
+UNREADABLE = (OSError, SyntaxError)
+# Consecutive unreadable samples a training sample may skip to find a readable one: more, and
+# the data set is broken, not a file in it.
+MAX_UNREADABLE_IN_A_ROW = 16
+
+
+# --- your data and model ------------------------------------------------------------------------
+# The one section to edit to train something else: the task's flags, its data sets, its model
+# (and the pretrained weights it may start from), and what a batch costs (the loss) and scores
+# (the metrics). Nothing outside this section knows about images, classes or these flags
+# (tests/test_seam.py swaps in another task to prove it).
+
+SYNTHETIC_DEFAULTS = {"train": 4096, "val": 1000}
+NUM_SYNTHETIC_CLASSES = 10
+# Validation reports the mean over all samples of each of these (evaluate_batch returns sums).
+EVAL_METRICS = ("loss", "acc")
+# Settings that say where the data is, not what it is: a resumed run may change them.
+RESUME_MAY_CHANGE_TASK = ("data_dir", "download")
+
+
+def add_task_arguments(parser):
+    parser.add_argument("--data", choices=["synthetic", "cifar10", "imagefolder"],
+                        default="synthetic", help="data set")
+    parser.add_argument("--data-dir", default="data",
+                        help="root of cifar10, or of an image tree train/<class>/*, val/<class>/*")
+    parser.add_argument("--download", action="store_true", help="download cifar10 into --data-dir")
+    parser.add_argument("--train-samples", type=int, default=None,
+                        help="size of the synthetic training set, a cap on a real one "
+                             f"(default: {SYNTHETIC_DEFAULTS['train']} synthetic, all real)")
+    parser.add_argument("--val-samples", type=int, default=None,
+                        help="likewise for validation "
+                             f"(default: {SYNTHETIC_DEFAULTS['val']} synthetic, all real)")
+    parser.add_argument("--image-size", type=int, default=32,
+                        help="side of the synthetic images, and of imagefolder's, whose random "
+                             "training crops keep 8-100%% of an image from 128 px up (ImageNet's "
+                             "recipe), 35-100%% below")
+    parser.add_argument("--model", default="cnn",
+                        help="cnn (small, no batch statistics) or any torchvision classification "
+                             "model by name: resnet18, resnet50, convnext_tiny, vit_b_16, ...")
+
+
+def make_synthetic(num_samples, seed, split, size=32):
+    """Images of 3 x size x size in 10 classes, a pure function of its arguments.
+
+    Each class is a smooth colour pattern drawn from `seed`; a sample is its class pattern under
+    strong noise, so a model has to learn (accuracy starts at chance) but can (it rises well above).
+    The generators are private: building data never moves the global RNG that seeds the model.
+    """
+    patterns = torch.randn(NUM_SYNTHETIC_CLASSES, 3, 4, 4,
+                           generator=torch.Generator().manual_seed(seed))
+    patterns = F.interpolate(patterns, size=(size, size), mode="bilinear", align_corners=False)
+    generator = torch.Generator().manual_seed(seed * 2 + {"train": 1, "val": 2}[split])
+    labels = torch.randint(NUM_SYNTHETIC_CLASSES, (num_samples,), generator=generator)
+    noise = torch.randn(num_samples, 3, size, size, generator=generator)
+    images = 0.4 * patterns[labels] + noise
+    return TensorDataset(images, labels)
+
+
+def build_datasets(args):
+    """Return (train_set, val_set, num_outputs); bad data settings are a ConfigError."""
+    for name in ("train_samples", "val_samples", "image_size"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.data == "synthetic":
+        train_set = make_synthetic(args.train_samples or SYNTHETIC_DEFAULTS["train"], args.seed,
+                                   "train", args.image_size)
+        val_set = make_synthetic(args.val_samples or SYNTHETIC_DEFAULTS["val"], args.seed, "val",
+                                 args.image_size)
+        return train_set, val_set, NUM_SYNTHETIC_CLASSES
+    import torchvision.datasets as datasets
+    import torchvision.transforms as T
+
+    if args.data == "cifar10":
+        normalize = T.Normalize((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
+        train_tf = T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), T.ToTensor(),
+                              normalize])
+        val_tf = T.Compose([T.ToTensor(), normalize])
+        try:
+            train_set = datasets.CIFAR10(args.data_dir, train=True, transform=train_tf,
+                                         download=args.download)
+            val_set = datasets.CIFAR10(args.data_dir, train=False, transform=val_tf,
+                                       download=args.download)
+        except RuntimeError as err:  # torchvision's "Dataset not found or corrupted"
+            raise ConfigError(f"cifar10 not found in {args.data_dir!r} ({err}); add --download") \
+                from None
+        num_classes = 10
+    else:
+        normalize = T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+        # ImageNet's crops keep as little as 8% of a 224-pixel photo; 8% of a small image is a few
+        # pixels of its object, so small images keep at least 35%.
+        scale = (0.08, 1.0) if args.image_size >= 128 else (0.35, 1.0)
+        train_tf = T.Compose([T.RandomResizedCrop(args.image_size, scale=scale),
+                              T.RandomHorizontalFlip(), T.ToTensor(), normalize])
+        val_tf = T.Compose([T.Resize(round(args.image_size * 8 / 7)), T.CenterCrop(args.image_size),
+                            T.ToTensor(), normalize])
+        splits = []
+        for split, transform in (("train", train_tf), ("val", val_tf)):
+            root = os.path.join(args.data_dir, split)
+            if not os.path.isdir(root):
+                raise ConfigError(f"no directory {root!r}: --data imagefolder reads "
+                                  f"<data-dir>/train/<class>/* and <data-dir>/val/<class>/*")
+            try:
+                splits.append(datasets.ImageFolder(root, transform=transform))
+            except (FileNotFoundError, OSError) as err:  # no class folders, or no images in them
+                raise ConfigError(f"no images under {root!r}: {err}") from None
+        train_set, val_set = splits
+        if train_set.classes != val_set.classes:
+            raise ConfigError(f"train and val class folders differ under {args.data_dir!r}")
+        num_classes = len(train_set.classes)
+    if args.train_samples is not None:
+        train_set = Subset(train_set, range(min(args.train_samples, len(train_set))))
+    if args.val_samples is not None:
+        val_set = Subset(val_set, range(min(args.val_samples, len(val_set))))
+    return train_set, val_set, num_classes
+
+
+class SmallCNN(nn.Module):
+    """A fast CNN without batch statistics, so its output depends on each sample alone."""
+
+    def __init__(self, num_classes):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2),
+            nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(1),
+        )
+        self.classifier = nn.Linear(64, num_classes)
+
+    def forward(self, x):
+        return self.classifier(torch.flatten(self.features(x), 1))
+
+
+def build_model(args, num_outputs):
+    if args.model == "cnn":
+        return SmallCNN(num_outputs)
+    import torchvision.models as models
+
+    # torchvision's registry holds every classification model by name; built untrained.
+    if args.model not in models.list_models(module=models):
+        raise ConfigError(f"unknown --model {args.model!r}: cnn or a torchvision classification "
+                          "model; list them with: python -c \"import torchvision.models as m; "
+                          "print(m.list_models(module=m))\"")
+    return models.get_model(args.model, num_classes=num_outputs)
+
+
+def pretrained_weights(args):
+    """The state dict that --init-from pretrained loads: torchvision's weights for --model, read
+    from torch's download cache. Never downloaded here: every process of every node would fetch
+    the same file at once; a download is a setup step, done once, before training."""
+    import torchvision.models as models
+
+    try:
+        url = models.get_model_weights(args.model).DEFAULT.url
+    except (ValueError, KeyError, AttributeError):  # cnn, or a model published without weights
+        raise ConfigError(f"torchvision has no pretrained weights for --model {args.model}") \
+            from None
+    path = Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(url)
+    if not path.is_file():
+        raise ConfigError(f"torchvision's {args.model} weights are not in {path.parent}: fetch "
+                          f"them once with python -c \"import torchvision; torchvision.models."
+                          f"get_model('{args.model}', weights='DEFAULT')\", or copy {url} there")
+    return read_state_dict(path)
+
+
+def channels_last_pays(args, device):
+    """Whether channels-last memory order speeds this model up on this device: on GPUs, where it
+    is the layout of tensor-core convolutions; on CPU where measured (docs/bench/results.md): the
+    small CNN 1.4x and mobilenet_v3_small 2.0x faster, resnet18 and resnet50 0.9-1.0x."""
+    return device.type == "cuda" or args.model in ("cnn", "mobilenet_v3_small")
+
+
+def batch_loss(model, batch):
+    """The loss to train on (a mean over the batch), and how many samples the batch holds."""
+    images, labels = batch
+    return F.cross_entropy(model(images), labels), labels.numel()
+
+
+def evaluate_batch(model, batch):
+    """The sums over the batch of each of EVAL_METRICS, and how many samples the batch holds."""
+    images, labels = batch
+    logits = model(images).float()
+    loss = F.cross_entropy(logits, labels, reduction="sum")
+    correct = (logits.argmax(dim=1) == labels).sum()
+    return torch.stack([loss.double(), correct.double()]), labels.numel()
+
+
+# --- config -------------------------------------------------------------------------------------
+
+class ConfigError(Exception):
+    """Bad input from the user: reported as one line and a non-zero exit, never as a traceback."""
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help states each default; a flag without a fixed one (None) states it in its own help."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=HelpFormatter)
+    parser.add_argument("--epochs", type=int, default=5, help="passes over the training set")
+    parser.add_argument("--batch-size", type=int, default=64,
+                        help="samples per process per micro-batch; the global batch is batch size "
+                             "x world size x accumulation steps")
+    parser.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd",
+                        help="SGD with momentum, or AdamW")
+    parser.add_argument("--lr", type=float, default=None,
+                        help="peak learning rate for the global batch, used as given (default: "
+                             "0.03 with sgd, 1e-3 with adamw)")
+    parser.add_argument("--lr-schedule", choices=["cosine", "constant"], default="cosine",
+                        help="cosine: linear warm-up to --lr, then cosine decay to 0 at the last "
+                             "step; constant: --lr throughout, no warm-up")
+    parser.add_argument("--warmup-epochs", type=float, default=1.0,
+                        help="epochs of linear warm-up of the cosine schedule")
+    parser.add_argument("--weight-decay", type=float, default=None,
+                        help="decay of weight matrices and kernels, not of biases and norm "
+                             "weights (default: 5e-4 with sgd, 0.05 with adamw)")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the model, data and shuffle")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="data loader processes per process (default: 0 for data already in "
+                             "memory as tensors, where workers only add copies; for files, this "
+                             "process's share of its CPUs less one, 1 to 8)")
+    parser.add_argument("--out-dir", default=None, help="output folder (default: runs/<script>)")
+    parser.add_argument("--log-interval", type=int, default=20,
+                        help="optimizer steps between progress lines")
+    parser.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
+                        help="4-D inputs and weights in channels-last memory order (default: where "
+                             "it pays: on GPUs, and on CPU for models measured faster with it)")
+    parser.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=True,
+                        help="CUDA: float32 matmuls and convolutions on tensor cores (TF32)")
+    parser.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction, default=True,
+                        help="CUDA: cuDNN times its algorithms per input shape, keeps the fastest")
+    parser.add_argument("--compile", action="store_true",
+                        help="compile the model with torch.compile: faster steps on GPUs after "
+                             "a minute or more of compiling; measured slower on CPU (default: off)")
+    parser.add_argument("--init-from", default=None,
+                        help="start from these weights: a model.pt of any step, a state dict, or "
+                             "'pretrained': the task's published weights (pretrained_weights)")
+    add_task_arguments(parser)
+    parser.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none",
+                        help="gather the parameters in this precision for forward and backward "
+                             "(gradients reduced in float32); fp16 adds a GradScaler")
+    parser.add_argument("--accum-steps", type=int, default=1,
+                        help="micro-batches whose gradients are summed before each optimizer step")
+    parser.add_argument("--clip-grad-norm", type=float, default=0.0,
+                        help="clip the global gradient norm to this value; 0 turns clipping off")
+    parser.add_argument("--resume", default="auto",
+                        help="auto: the newest readable checkpoint in <out-dir>/checkpoints, if "
+                             "any; none: start afresh; or the path of a checkpoint")
+    parser.add_argument("--ckpt-steps", type=int, default=0,
+                        help="also checkpoint every this many optimizer steps; 0: off")
+    parser.add_argument("--ckpt-epochs", type=int, default=1,
+                        help="checkpoint every this many epochs and after the last; 0: the last")
+    parser.add_argument("--keep-last", type=int, default=3, help="checkpoints kept; older go")
+    parser.add_argument("--max-steps", type=int, default=0,
+                        help="stop after this many optimizer steps, with a checkpoint; 0: no limit")
+    parser.add_argument("--sync-bn", action="store_true",
+                        help="BatchNorm statistics of the global batch (SyncBatchNorm; CUDA)")
+    parser.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
+                        help="process group backend; auto is nccl with CUDA, gloo without")
+    parser.add_argument("--timeout-min", type=float, default=30.0,
+                        help="minutes a process waits for the others in a collective before the "
+                             "job fails (nccl's own default is 10)")
+    # torch.distributed.launch passes --local-rank=N (--local_rank before torch 2.0); torchrun sets
+    # the LOCAL_RANK environment variable instead, which wins when both are present.
+    parser.add_argument("--local-rank", "--local_rank", type=int, default=None,
+                        help="set by the legacy launcher; torchrun sets LOCAL_RANK instead")
+    args = parser.parse_args(argv)
+    if args.out_dir is None:
+        args.out_dir = os.path.join("runs", Path(__file__).stem)
+    # The optimizers want rates and decays of different sizes: the chosen one's, unless given.
+    for name, value in OPTIMIZER_DEFAULTS[args.optimizer].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return args
+
+
+# The least value of each numeric setting (None, a default decided later, is not checked), and the
+# settings that must be positive.
+AT_LEAST = {"epochs": 1, "batch_size": 1, "log_interval": 1, "workers": 0, "weight_decay": 0,
+            "warmup_epochs": 0, "accum_steps": 1, "clip_grad_norm": 0, "keep_last": 1,
+            "ckpt_steps": 0, "ckpt_epochs": 0, "max_steps": 0}
+POSITIVE = ("lr", "timeout_min")
+
+
+def check_args(args):
+    """Reject settings that cannot work before any process does any work."""
+    for name, least in AT_LEAST.items():
+        value = getattr(args, name)
+        if value is not None and value < least:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least {least}, got {value}")
+    for name in POSITIVE:
+        value = getattr(args, name)
+        if value <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    if args.init_from not in (None, "pretrained") and not os.path.isfile(args.init_from):
+        raise ConfigError(f"--init-from {args.init_from!r}: no such file")
+    if args.resume not in ("auto", "none") and not os.path.isdir(args.resume):
+        raise ConfigError(f"--resume {args.resume!r}: no such checkpoint directory")
+
+
+def set_seed(seed):
+    """Seed every generator the training code draws from (Python's and torch's, CPU and CUDA)."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# --- logging ------------------------------------------------------------------------------------
+
+def log(message):
+    """Print on rank 0 only: every process runs this code, and one copy of each line is enough."""
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(message, flush=True)
+
+
+def warn(message):
+    """A warning from whichever process meets it, not rank 0 alone (another process's files are
+    not rank 0's to see): one line on stderr, naming the process."""
+    print(f"{Path(__file__).name}: warning: rank {dist.get_rank()}: {message}", file=sys.stderr,
+          flush=True)
+
+
+def format_seconds(seconds):
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def describe(model):
+    millions = sum(p.numel() for p in model.parameters()) / 1e6
+    return f"{type(model).__name__} ({millions:.2f} M parameters)"
+
+
+def peak_memory(device):
+    """For progress lines: the most memory this process's tensors have held on the GPU so far."""
+    if device.type != "cuda":
+        return ""
+    return f" | peak memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB"
+
+
+def write_metrics(path, record):
+    """Append one JSON object per line: a file that survives a crash up to its last full line."""
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def log_recipe(args):
+    log(f"optimizer {args.optimizer} | lr {args.lr:g}, schedule {args.lr_schedule} | weight decay "
+        f"{args.weight_decay:g} | compile {'on' if args.compile else 'off'}")
+
+
+def log_epoch(record, epochs):
+    metrics = " ".join(f"val_{name} {record[f'val_{name}']:.4f}" for name in EVAL_METRICS)
+    unreadable = record.get("train_unreadable", 0) + record["val_unreadable"]  # epoch 0: val only
+    skipped = f" | unreadable files skipped: {unreadable}" if unreadable else ""
+    if record["epoch"] == 0:  # the starting weights of a fine-tuning run: no training yet
+        log(f"epoch 0/{epochs} (starting weights) {metrics} ({record['val_samples']} samples)"
+            f"{skipped}")
+        return
+    log(f"epoch {record['epoch']}/{epochs} train_loss {record['train_loss']:.4f} {metrics} "
+        f"({record['val_samples']} samples) | {record['samples_per_sec']:.0f} samples/s{skipped}")
+
+
+# --- distributed --------------------------------------------------------------------------------
+
+def setup_distributed(args):
+    """Join the process group; return (rank, local_rank, world_size, device).
+
+    torchrun sets RANK (this process among all), LOCAL_RANK (among those on this machine) and
+    WORLD_SIZE. Without them, as under plain `python`, this process is a world of one.
+    """
+    # torch.distributed.nn.functional's collectives take the default process group as a default
+    # argument, read once, as the module is imported. torch imports it lazily, with torch.compile or
+    # at the first forward on the meta device (check_model_fits); imported after init_process_group,
+    # it would keep the group alive after destroy_process_group, its gloo threads running until the
+    # interpreter's exit, where they can abort a finished run ("terminate called without an active
+    # exception"). Imported now, its defaults hold None.
+    from torch.distributed.nn import functional  # noqa: F401
+
+    # What exists now, the imported modules, lives as long as the process: frozen, the garbage
+    # collector never walks it again, so cleanup_distributed's collection and the interpreter's at
+    # exit are quick. All made from here on, the process group first, is collected as usual.
+    gc.freeze()
+    backend = args.backend
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise ConfigError("--backend nccl needs CUDA GPUs and none is available; "
+                          "use --backend gloo on CPU")
+    launched = "RANK" in os.environ
+    rank = int(os.environ.get("RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", args.local_rank or 0))
+    if torch.cuda.is_available():
+        if local_rank >= torch.cuda.device_count():
+            raise ConfigError(f"local rank {local_rank} but only {torch.cuda.device_count()} GPUs "
+                              f"are visible: start at most one process per GPU")
+        # One GPU per process: set_device makes "cuda" mean this process's GPU, for nccl too.
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    # A collective that waits longer than this ends the job (nccl's watchdog, gloo's error): the
+    # most that one process may work alone while the others wait for it.
+    timeout = datetime.timedelta(minutes=args.timeout_min)
+    if launched:
+        dist.init_process_group(backend, timeout=timeout,
+                                device_id=device if device.type == "cuda" else None)
+    else:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=timeout)
+    return rank, local_rank, world_size, device
+
+
+def rank0_only(rank, function, *args):
+    """Call function on rank 0 alone; a ConfigError it raises stops every process with its line.
+
+    The others wait for rank 0's verdict in a collective rather than a barrier: a ConfigError on
+    rank 0 then stops every process with the same error, and none is left waiting on a peer that
+    has exited.
+    """
+    result, verdict = None, [None]
+    if rank == 0:
+        try:
+            result = function(*args)
+        except ConfigError as err:
+            verdict = [str(err)]
+    dist.broadcast_object_list(verdict, src=0)
+    if verdict[0] is not None:
+        raise ConfigError(verdict[0])
+    return result
+
+
+def rank0_first(rank, function, *args):
+    """Call function on rank 0 first (a download, say), then on the others: no two write a file."""
+    result = rank0_only(rank, function, *args)
+    return result if rank == 0 else function(*args)
+
+
+def cleanup_distributed():
+    """Leave the process group after the DDP model is gone.
+
+    gloo can abort a worker at exit ("terminate called without an active exception") while a DDP
+    model is still alive at destroy_process_group(): the caller's model and optimizer are out of
+    scope by now, and collecting garbage releases them before the group goes.
+    """
+    gc.collect()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def configure_cuda(args, device):
+    """Speed settings: CUDA's libraries (on CPU they change nothing), and the memory layout."""
+    if args.channels_last is None:
+        args.channels_last = channels_last_pays(args, device)
+    # TF32 multiplies float32 on tensor cores with a 10-bit mantissa (sums stay float32): several
+    # times faster on Ampere and later GPUs, at about fp16's precision per product.
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
+    torch.backends.cudnn.allow_tf32 = args.tf32
+    # cuDNN times its algorithms for each new input shape and keeps the fastest; its choice can
+    # differ between runs, so GPU runs are not bitwise repeatable with it.
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
+
+
+class Stop(Exception):
+    """Every process agreed to stop early ("preempted", "max-steps"): train() checkpoints the
+    TrainState, which describes the last optimizer step."""
+
+
+class Preemption:
+    """Turns SIGTERM into a Stop that every process raises at the same batch.
+
+    Schedulers send SIGTERM before SIGKILL; torchrun forwards it to every worker, and SIGKILLs
+    them after --shutdown-timeout (30 s). After each batch the processes all-reduce the flag on a
+    CPU (gloo) group; each check reads the previous batch's result and starts its own, so none
+    waits, and all stop at the same batch, at most two batches after the signal.
+    """
+
+    def __init__(self):
+        self.requested, self.pending = False, None
+        self.group = dist.new_group(backend="gloo")
+        self.previous_handler = signal.signal(signal.SIGTERM, self.request)
+
+    def request(self, signum, frame):
+        self.requested = True
+
+    def check(self):
+        if self.pending is not None:
+            work, flag = self.pending
+            work.wait()
+            self.pending = None
+            if flag.item() > 0:
+                raise Stop("preempted")
+        flag = torch.tensor([float(self.requested)])
+        work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+        self.pending = work, flag
+
+    def close(self):
+        """Finish the last all-reduce, which every process started; give SIGTERM back.
+
+        An installed handler would keep this object and its process group alive until the
+        interpreter exits, too late for gloo's threads to let go of what they hold.
+        """
+        if self.pending is not None:
+            self.pending[0].wait()
+            self.pending = None
+        signal.signal(signal.SIGTERM, self.previous_handler or signal.SIG_DFL)
+        dist.destroy_process_group(self.group)
+
+
+# --- data loading -------------------------------------------------------------------------------
+
+class SeededSamples(Dataset):
+    """The training set, each sample loaded with random draws that are a pure function of
+    (seed, epoch, index): the same crop and flip whichever process or worker loads it, with any
+    --workers, any world size, and after a resume.
+
+    Left alone, a transform draws from the generators of the process that loads the sample: a
+    worker's, seeded once when the worker starts (a resumed run starts new ones), or the main
+    process's. A transform qualifies if it draws from torch's or Python's global generator, as
+    torchvision's do (numpy's is not seeded here). The loading process's own generators are left
+    as they were.
+
+    A sample whose file cannot be read (truncated, corrupt, gone) gives its place to the next
+    readable one in index order, loaded with the key's seed: a choice made from the key alone,
+    so that every exactness promise holds (each process, worker and resume makes the same one).
+    Each item is (sample, [] or [its unreadable file]); the training loop reports and counts it.
+    """
+
+    def __init__(self, dataset, seed):
+        self.dataset, self.seed = dataset, seed
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, key):
+        epoch, index = key
+        if isinstance(self.dataset, TensorDataset):
+            return self.dataset[index], []  # tensors in memory: no transform to seed, no file
+        seed = ((self.seed * 1_000_003 + epoch) * 1_000_000_007 + index) % 2**63
+        unreadable, tries = [], min(MAX_UNREADABLE_IN_A_ROW + 1, len(self.dataset))
+        for offset in range(tries):
+            try:
+                return self.load((index + offset) % len(self.dataset), seed), unreadable
+            except UNREADABLE as err:
+                # This sample's own file is reported (once per epoch); the others tried in its
+                # place are reported by their own keys.
+                unreadable = unreadable or [describe_unreadable(self.dataset, index, err)]
+        raise OSError(f"{tries} samples in a row cannot be read, from {unreadable[0]}")
+
+    def load(self, index, seed):
+        if torch.utils.data.get_worker_info() is not None:
+            # A worker's generators serve its samples alone: seed them and load.
+            torch.default_generator.manual_seed(seed)  # the CPU's alone: torch.manual_seed costs
+            random.seed(seed)                          # 90 us a call, seeding every device
+            return self.dataset[index]
+        # In the main process they also serve the model (dropout): put them back afterwards.
+        torch_state, python_state = torch.get_rng_state(), random.getstate()
+        torch.default_generator.manual_seed(seed)
+        random.seed(seed)
+        try:
+            return self.dataset[index]
+        finally:
+            torch.set_rng_state(torch_state)
+            random.setstate(python_state)
+
+
+class ReadableSamples(Dataset):
+    """The validation set, each item (sample, []) or, where its file cannot be read, (None, [the
+    file]): the sample is left out and reported. A stand-in would count another sample twice."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        try:
+            return self.dataset[index], []
+        except UNREADABLE as err:
+            return None, [describe_unreadable(self.dataset, index, err)]
+
+
+def describe_unreadable(dataset, index, err):
+    """'file (reason)' for a sample that cannot be read: its file where the data set lists them
+    (torchvision's ImageFolder and DatasetFolder: .samples), else its index."""
+    # An OSError's own words where it has them; PIL's name the file object: that is left out.
+    reason = getattr(err, "strerror", None) or str(err).split(" <")[0]
+    while isinstance(dataset, Subset):
+        dataset, index = dataset.dataset, dataset.indices[index]
+    try:
+        entry = dataset.samples[index]
+    except (AttributeError, LookupError, TypeError):
+        entry = None
+    path = entry[0] if isinstance(entry, (tuple, list)) and entry else entry
+    return f"{path if isinstance(path, (str, os.PathLike)) else f'sample {index}'} ({reason})"
+
+
+def collate_readable(items):
+    """(the batch of the readable samples, or None if there is none, the files that were not)."""
+    samples = [sample for sample, _ in items if sample is not None]
+    unreadable = [name for _, names in items for name in names]
+    return (default_collate(samples) if samples else None), unreadable
+
+
+class EpochKeys(Sampler):
+    """The wrapped sampler's indices as (epoch, index): the keys SeededSamples seeds from."""
+
+    def __init__(self, sampler):
+        self.sampler, self.epoch = sampler, 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def __iter__(self):
+        return ((self.epoch, index) for index in self.sampler)
+
+    def __len__(self):
+        return len(self.sampler)
+
+    def __getattr__(self, name):
+        """Anything else is the wrapped sampler's (its generator, set_start, num_samples)."""
+        if name == "sampler":
+            raise AttributeError(name)
+        return getattr(self.sampler, name)
+
+
+def default_workers(train_set):
+    """Data in memory as tensors: none, since workers would only copy it. Files: one worker per CPU
+    this process may use (its CPU affinity, shared by the processes on this node), but one left to
+    the training process, at least 1 and at most 8."""
+    if isinstance(train_set, TensorDataset):
+        return 0
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    per_process = (cpus or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    return max(1, min(8, per_process - 1))
+
+
+class ResumableDistributedSampler(DistributedSampler):
+    """A DistributedSampler that can begin an epoch part-way through, at a position of the epoch's
+    order counted over all processes: an exact mid-epoch resume, on any number of processes."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.start = 0
+
+    def set_start(self, start):
+        """Skip the first `start` samples of the epoch's order: those all processes consumed."""
+        self.start = start
+
+    def __iter__(self):
+        # DistributedSampler's order for (seed, epoch), dealt as it deals it: every num_replicas-th
+        # sample from position rank, padded with the order's first samples until it divides
+        # evenly. Dealt from `start`, which the old number of processes divides, it is the tail of
+        # DistributedSampler's: a resume on as many processes is exact. On another number, the
+        # rest of the epoch is dealt afresh: every sample not yet seen, once.
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(len(self.dataset), generator=generator).tolist()
+        else:
+            order = list(range(len(self.dataset)))
+        rest = order[self.start:]
+        padding = -len(rest) % self.num_replicas
+        rest += (order * math.ceil(padding / len(order)))[:padding]
+        return iter(rest[self.rank::self.num_replicas])
+
+    def __len__(self):
+        return math.ceil(max(len(self.dataset) - self.start, 0) / self.num_replicas)
+
+
+class ShardSampler(Sampler):
+    """Every world_size-th index from rank, in order, unpadded: each sample once, on one process.
+
+    DistributedSampler pads the set with repeated samples until it divides evenly, or with
+    drop_last=True leaves the remainder out: either skews validation's metrics, counting some
+    samples twice or others never.
+    """
+
+    def __init__(self, dataset, num_replicas, rank):
+        self.indices = range(rank, len(dataset), num_replicas)
+
+    def __iter__(self):
+        return iter(self.indices)
+
+    def __len__(self):
+        return len(self.indices)
+
+
+def build_loaders(args, train_set, val_set, device, rank, world_size):
+    # Every process draws the same permutation of (seed, epoch) and takes every world_size-th
+    # sample of it from position rank: together they see what one process would see. It pads
+    # with repeated samples until the set divides evenly, so every process runs as many steps.
+    # Each index comes as (epoch, index), the key of its random augmentation (SeededSamples).
+    train_sampler = EpochKeys(ResumableDistributedSampler(train_set, num_replicas=world_size,
+                                                          rank=rank, shuffle=True, seed=args.seed))
+    workers = args.workers if args.workers is not None else default_workers(train_set)
+    loader_args = dict(
+        batch_size=args.batch_size,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        # Page-locked host memory lets the copy to the GPU run asynchronously (non_blocking=True).
+        pin_memory=device.type == "cuda",
+        # Each item is (sample, unreadable files): a batch comes as (batch, unreadable files).
+        collate_fn=collate_readable,
+        # The loader's own generator seeds its workers (augmentation is seeded per sample anyway),
+        # leaving the global RNG to the model.
+        generator=torch.Generator().manual_seed(args.seed + rank),
+    )
+    train_loader = DataLoader(SeededSamples(train_set, args.seed), sampler=train_sampler,
+                              **loader_args)
+    val_sampler = ShardSampler(val_set, world_size, rank)
+    val_loader = DataLoader(ReadableSamples(val_set), sampler=val_sampler, **loader_args)
+    return train_loader, val_loader
+
+
+def to_device(batch, device, channels_last):
+    """The batch (a tensor, or tuples, lists and dicts of them) on the device, 4-D tensors in the
+    model's memory order. non_blocking: a copy from pinned memory overlaps the GPU's work."""
+    if isinstance(batch, torch.Tensor):
+        fmt = torch.channels_last if channels_last and batch.dim() == 4 else torch.preserve_format
+        return batch.to(device, non_blocking=True, memory_format=fmt)
+    if isinstance(batch, dict):
+        return {key: to_device(value, device, channels_last) for key, value in batch.items()}
+    return type(batch)(to_device(value, device, channels_last) for value in batch)
+
+
+# --- model --------------------------------------------------------------------------------------
+
+def check_model_fits(args, num_outputs, train_set, val_set):
+    """One sample through the model on the meta device (shapes only: no memory, no arithmetic).
+    A model that cannot take the data (a ViT built for 224-pixel images, fed 32) is a ConfigError
+    here, in one line, rather than a traceback in the first step; so is a data set none of whose
+    first samples can be read."""
+    # A file that cannot be read is skipped in training and validation alike, but a set none of
+    # whose first samples can be read is no data set. The model meets a validation sample.
+    for dataset in (train_set, val_set):
+        try:
+            sample, _ = SeededSamples(dataset, args.seed)[(0, 0)]
+        except OSError as err:
+            raise ConfigError(f"the data cannot be read: {err}") from None
+    with torch.device("meta"):
+        model = build_model(args, num_outputs).eval()
+    try:
+        evaluate_batch(model, to_device(default_collate([sample]), "meta", False))
+    except NotImplementedError:
+        return  # an operation with no meta implementation: no verdict, the first step will tell
+    except (RuntimeError, ValueError, AssertionError, TypeError, IndexError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"the model does not fit the data: {reason}") from None
+
+
+def read_state_dict(path):
+    """The weights in a file: a model.pt, a plain state dict, or a checkpoint holding "model"."""
+    try:
+        # weights_only: tensors and plain containers only, so loading a file runs no code from it.
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else "empty or truncated"
+        raise ConfigError(f"--init-from {path} cannot be read: {reason}") from None
+    if isinstance(state, dict) and isinstance(state.get("model"), dict):
+        state = state["model"]  # a training checkpoint
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ConfigError(f"--init-from {path} holds no state dict")
+    # Wrappers put a prefix before every key -- DDP's and DataParallel's "module.", torch.compile's
+    # "_orig_mod." -- that the plain model does not have.
+    prefixes = ("module.", "_orig_mod.")
+    while state and (prefix := next((p for p in prefixes if all(k.startswith(p) for k in state)),
+                                    None)):
+        state = {key.removeprefix(prefix): value for key, value in state.items()}
+    return state
+
+
+def init_weights_from(args, model):
+    """Load --init-from into the model before training: fine-tuning. Every key must fit, but
+    pretrained weights' layers of another shape (a classifier for another number of classes) keep
+    their fresh weights, to be trained for this task."""
+    own, fresh = model.state_dict(), []
+    if args.init_from == "pretrained":
+        state = pretrained_weights(args)
+        fresh = sorted(k for k, v in state.items() if k in own and v.shape != own[k].shape)
+        state.update({key: own[key] for key in fresh})
+    else:
+        state = read_state_dict(args.init_from)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as err:
+        reason = " ".join(str(err).split())[:300]
+        raise ConfigError(f"--init-from {args.init_from} does not fit the model: {reason}") \
+            from None
+    log(f"weights from {args.init_from}" + (f"; fresh: {', '.join(fresh)}" if fresh else ""))
+
+
+def shard_model(args, model, device, world_size):
+    """Shard the model over all processes with fully_shard: block by block, then the root.
+
+    A block is a module directly inside an nn.Sequential or nn.ModuleList, searched from the root
+    down and not inside a block: the repeated units a model is built of (ResNet's residual blocks,
+    a ViT's encoder layers, the CNN's convolutions). Before a block's forward, and again before
+    its backward, its full parameters are gathered from every process's shards, and freed after:
+    a process holds the whole of one block at a time, of the rest its shards. What is in no block
+    (a stem, a classifier) is the root's, gathered for the whole forward. Smaller blocks free
+    memory sooner but send more, smaller messages."""
+    mesh = init_device_mesh(device.type, (world_size,))
+    dtype = AMP_DTYPES[args.amp]
+    # Parameters gathered in --amp's precision, for compute; gradients reduced in float32 (in a sum
+    # over processes bf16 loses the small ones); the model's output, the loss's input, in float32.
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    root_policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32,
+                                       output_dtype=torch.float32)
+    units = []
+    if dtype != torch.float32:
+        # BatchNorm keeps its running statistics in float32 buffers, which FSDP does not cast, and
+        # with bf16 weights beside them its CPU kernel stops ("expected scalar type BFloat16 but
+        # found Float"): each is a unit of its own, in float32, giving its output back in --amp's.
+        norm_policy = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32,
+                                           output_dtype=dtype)
+        for module in model.modules():
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                fully_shard(module, mesh=mesh, mp_policy=norm_policy)
+                units.append(module)
+    # A parameter that two modules share (tied weights) must be in one unit: a block holding one
+    # is left to the root.
+    counts = {}
+    for _, param in model.named_parameters(remove_duplicate=False):
+        counts[id(param)] = counts.get(id(param), 0) + 1
+
+    def find_blocks(module):
+        containers = (nn.Sequential, nn.ModuleList)
+        for child in module.children():
+            if not isinstance(module, containers) or isinstance(child, containers):
+                yield from find_blocks(child)
+            elif any(p.requires_grad for p in child.parameters()) and \
+                    all(counts[id(p)] == 1 for p in child.parameters()) and child not in units:
+                yield child
+
+    for block in list(find_blocks(model)):
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+        units.append(block)
+    fully_shard(model, mesh=mesh, mp_policy=root_policy)
+    return len(units) + 1
+
+
+def shard_sizes(model):
+    """(this process's share, the whole) of the model's parameters, in elements."""
+    local = sum(p.to_local().numel() for p in model.parameters())
+    return local, sum(p.numel() for p in model.parameters())
+
+
+# --- optimizer and schedule ---------------------------------------------------------------------
+
+def build_optimizer(args, model):
+    """SGD with momentum or AdamW; weight decay on weight matrices and convolution kernels only.
+
+    Decay pulls weights toward zero to keep the fit simple. Biases and normalisation weights are a
+    few numbers per channel that shift and scale activations: decaying them regularises little and
+    pulls the network off its fit (timm and nanoGPT leave them out, as here)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    if args.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=args.lr)
+    return torch.optim.SGD(groups, lr=args.lr, momentum=MOMENTUM)
+
+
+def lr_factor(args, step, steps_per_epoch):
+    """The learning rate of optimizer step `step` (0, 1, ...) as a fraction of --lr.
+
+    Warm-up: the first gradients of random weights are large and erratic, and a large global
+    batch takes large steps; rising linearly to --lr lets the weights settle first. Then cosine
+    decay lowers the rate smoothly, to 0 after the last step, so training ends in small steps."""
+    if args.lr_schedule == "constant":
+        return 1.0
+    warmup = round(args.warmup_epochs * steps_per_epoch)
+    if step < warmup:
+        return (step + 1) / warmup
+    total = args.epochs * steps_per_epoch
+    return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(total - warmup, 1)))
+
+
+def build_scheduler(args, optimizer, steps_per_epoch):
+    """The learning-rate schedule: scheduler.step() once per optimizer step, never per batch."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(args, step, steps_per_epoch))
+
+
+# --- train/eval ---------------------------------------------------------------------------------
+
+def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, state,
+                    preemption):
+    """Train for the rest of the epoch; return [loss sum, samples, unreadable files] over the
+    epoch, all processes.
+
+    `state` follows every optimizer step, so that a Stop raised here checkpoints the last one.
+    """
+    model.train()
+    # This process's sums so far in the epoch: zero at its start, or from a mid-epoch checkpoint.
+    totals = state.train_totals.clone()
+    # The epoch's batches: those of its first steps, taken before a resume (on this number of
+    # processes or another), and those of the samples left to this process.
+    num_batches = state.step_in_epoch * args.accum_steps + math.ceil(len(loader.sampler) /
+                                                                      args.batch_size)
+    num_steps = math.ceil(num_batches / args.accum_steps)
+    first_step, start_seconds = state.step_in_epoch, state.train_seconds
+    first_position, world_size = state.epoch_position, dist.get_world_size()
+    start, start_samples = time.perf_counter(), totals[1].item()
+    for batch_index, (batch, unreadable) in enumerate(loader, start=first_step * args.accum_steps):
+        # A file that could not be read gave its place to the next readable one (SeededSamples).
+        for name in unreadable:
+            warn(f"cannot read {name}: trained on the next readable sample in its place")
+        totals[2] += len(unreadable)
+        batch = to_device(batch, device, args.channels_last)
+        # Micro-batches form groups of accum_steps; the epoch's last group may be shorter.
+        group_start = batch_index - batch_index % args.accum_steps
+        group_size = min(args.accum_steps, num_batches - group_start)
+        last_in_group = batch_index == group_start + group_size - 1
+        # Every micro-batch's backward reduce-scatters its gradients into this process's shard,
+        # where they are summed: the process holds 1/world size of the gradients throughout. (FSDP
+        # can skip it until the group's last, set_requires_gradient_sync(False), like DDP's
+        # no_sync: K times fewer bytes sent, but every process then holds the whole model's
+        # gradients in float32 between micro-batches -- DDP's memory, what sharding is for.)
+        # FSDP's policy sets the precision of the forward (--amp): no autocast.
+        loss, count = batch_loss(model, batch)
+        # Dividing by the group's size makes the summed gradients the mean over the group.
+        scaler.scale(loss / group_size).backward()
+        # A sum weighted by batch size, so a short last batch counts for what it holds.
+        totals[0] += loss.detach().double() * count
+        totals[1] += count
+        if last_in_group:
+            grad_norm = None
+            if args.clip_grad_norm > 0:
+                # Clip true gradients: unscale_ first divides out fp16's loss scale (once a step).
+                scaler.unscale_(optimizer)
+                # The norm before clipping, for the progress line: a rising norm warns of trouble.
+                # Over the sharded gradients (DTensors) clip_grad_norm_ computes the global norm,
+                # the same on every process, from every shard's share: each clips by it.
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
+            # With fp16, step() skips the update when a gradient overflowed and update() adapts the
+            # scale; without a scaler (none, bf16) they are a plain optimizer.step() and nothing.
+            scaler.step(optimizer)
+            scaler.update()
+            # The rate this step used, for the progress line; then the schedule moves one step on:
+            # once per optimizer step, not per micro-batch.
+            lr = scheduler.get_last_lr()[0]
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step = batch_index // args.accum_steps + 1
+            elapsed = time.perf_counter() - start
+            state.step_in_epoch, state.global_step = step, state.global_step + 1
+            state.train_totals, state.rng = totals.clone(), rng_state()
+            state.epoch_position = first_position + ((step - first_step) * args.accum_steps *
+                                                     args.batch_size * world_size)
+            state.train_seconds = start_seconds + elapsed
+            if step % args.log_interval == 0 or step == num_steps:
+                samples = totals[1].item()
+                norm = "" if grad_norm is None else \
+                    f" | grad norm {grad_norm.full_tensor().item():.3g}"
+                # Rank 0's own loss, and its throughput times the number of processes.
+                log(f"epoch {state.epoch + 1}/{args.epochs} step {step}/{num_steps} "
+                    f"loss {totals[0].item() / samples:.4f} | lr {lr:.6g}{norm} | "
+                    f"{(samples - start_samples) * world_size / elapsed:.0f} samples/s"
+                    f"{peak_memory(device)} | "
+                    f"eta {format_seconds(elapsed / (step - first_step) * (num_steps - step))}")
+            # At the epoch's end validation and the epoch's checkpoint come first.
+            if step < num_steps:
+                check_max_steps(args, state)
+                if args.ckpt_steps and state.global_step % args.ckpt_steps == 0:
+                    save_checkpoint(args, model, optimizer, scheduler, scaler, state)
+        # Mid-group, a stop goes back to the group's start, which `state` still describes.
+        preemption.check()
+    # One all-reduce after the loop turns per-process sums into global ones.
+    epoch_totals = totals.clone()
+    dist.all_reduce(epoch_totals)
+    return epoch_totals
+
+
+def check_max_steps(args, state):
+    if args.max_steps > 0 and state.global_step >= args.max_steps:
+        raise Stop("max-steps")
+
+
+@torch.no_grad()
+def evaluate(args, model, loader, device, preemption):
+    """Return the sums of EVAL_METRICS, the number of samples and of unreadable files over the
+    whole set.
+
+    Sums, not means: a mean over batches of different sizes is not the mean over samples.
+    This process evaluates its shard; one all-reduce of the sums gives the whole set's.
+    """
+    # Every process scores its shard with rank 0's buffers (BatchNorm's running statistics), those
+    # of the model saved: FSDP shards parameters, not buffers, and each process has updated its own.
+    for buffer in model.buffers():
+        dist.broadcast(buffer, src=0)
+    model.eval()
+    totals = torch.zeros(len(EVAL_METRICS) + 2, dtype=torch.float64, device=device)
+    batches = iter(loader)
+    # Shards differ by one sample at most: every process goes round as often as the longest shard
+    # has batches, so that all can agree on a stop. None: past the shard's end, or all unreadable.
+    longest = math.ceil(len(loader.dataset) / dist.get_world_size())
+    spare = None
+    for _ in range(math.ceil(longest / args.batch_size)):
+        batch, unreadable = next(batches, (None, []))
+        for name in unreadable:
+            warn(f"cannot read {name}: left out of validation")
+        totals[-1] += len(unreadable)
+        if batch is not None:
+            batch = spare = to_device(batch, device, args.channels_last)
+            sums, count = evaluate_batch(model, batch)
+            totals[:-2] += sums
+            totals[-2] += count
+        else:
+            # Every forward gathers each block's parameters from all processes: a process that
+            # skipped one would leave the others waiting in it for ever. Without a batch, it runs
+            # the forward on a spare one and discards the result.
+            spare = spare if spare is not None else spare_batch(loader, device, args.channels_last)
+            evaluate_batch(model, spare)
+        if preemption is not None:  # None as the run starts: nothing to save
+            preemption.check()
+    # The root's parameters stay gathered after its forward, for the backward that follows in
+    # training; none follows here: back to shards.
+    model.reshard()
+    model.train()
+    dist.all_reduce(totals)
+    return totals
+
+
+def spare_batch(loader, device, channels_last):
+    """A batch of one readable sample of the loader's data set, for a forward whose result is
+    discarded."""
+    for index in range(len(loader.dataset)):
+        sample, _ = loader.dataset[index]
+        if sample is not None:
+            return to_device(loader.collate_fn([(sample, [])])[0], device, channels_last)
+    raise OSError("no sample of the validation set can be read")
+
+
+def val_record(val_totals):
+    """Validation's means over all samples, how many samples were counted and how many files
+    could not be read."""
+    count = val_totals[-2].item()
+    record = {f"val_{name}": val_totals[i].item() / count for i, name in enumerate(EVAL_METRICS)}
+    return {**record, "val_samples": int(count), "val_unreadable": int(val_totals[-1].item())}
+
+
+def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds, lr):
+    """One line of metrics.jsonl: means over all samples, the samples counted, the files that
+    could not be read, timings, and the learning rate the schedule has reached."""
+    return {"epoch": epoch + 1, "train_loss": train_totals[0].item() / train_totals[1].item(),
+            "train_unreadable": int(train_totals[2].item()), **val_record(val_totals),
+            "samples_per_sec": train_totals[1].item() / train_seconds,
+            "train_seconds": train_seconds, "val_seconds": val_seconds, "lr": lr}
+
+
+# --- checkpointing ------------------------------------------------------------------------------
+
+def prepare_out_dir(args):
+    """Create --out-dir and make sure a file can be written there, before any training."""
+    try:
+        Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+        # Writing a file is the one sure test: permissions, read-only mounts and a file standing
+        # where the directory should be all fail here, in one line, instead of after the last epoch.
+        with tempfile.TemporaryFile(dir=args.out_dir):
+            pass
+    except OSError as err:
+        raise ConfigError(f"cannot write to --out-dir {args.out_dir}: {err.strerror or err}")
+
+
+def atomic_save(obj, path):
+    """Write to a temporary file, then rename: a reader sees the old file or the new, never half."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+@dataclasses.dataclass
+class TrainState:
+    """Where the run stands as of its last optimizer step: what a checkpoint holds besides the
+    model, the optimizer and the GradScaler."""
+
+    # The same on every process:
+    epoch: int = 0  # the epoch under way; those before it are done, validation included
+    step_in_epoch: int = 0  # its optimizer steps done
+    global_step: int = 0
+    epoch_position: int = 0  # samples of the epoch's order consumed by all processes together
+    history: list = dataclasses.field(default_factory=list)  # one metrics record per epoch done
+    # Each process's own (rank 0 gathers them):
+    rng: dict = None  # Python's and torch's random states
+    loader_rng: torch.Tensor = None  # the data loader's generator as the epoch began
+    train_totals: torch.Tensor = None  # [loss sum, samples, unreadable] of the epoch so far
+    train_seconds: float = 0.0  # time spent training in the epoch so far
+
+
+SHARED_STATE = ("epoch", "step_in_epoch", "global_step", "epoch_position", "history")
+PER_PROCESS_STATE = ("rng", "loader_rng", "train_totals", "train_seconds")
+
+
+def rng_state():
+    """This process's global random generators: Python's and torch's (CPU, and CUDA if used)."""
+    return {
+        "python": random.getstate(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+    }
+
+
+def set_rng_state(state):
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
+    """Write everything an exact resume needs; every process writes its own shards, in parallel,
+    and rank 0 the rest. The checkpoint appears under its name only when all of it is written."""
+    if state.global_step == 0:
+        # Stopped before the first optimizer step: starting afresh is this very point, and the
+        # optimizer has no state yet, which a resume could load.
+        log("stopped before the first optimizer step: nothing to checkpoint")
+        return
+    start, rank = time.perf_counter(), dist.get_rank()
+    # The random states and the partial sums differ between processes: rank 0 gathers them.
+    # Each process draws its own random numbers (seeded with seed + rank, in train), so each one's
+    # state is saved apart and restored to the process of the same rank.
+    per_process = {name: getattr(state, name) for name in PER_PROCESS_STATE}
+    per_process["train_totals"] = state.train_totals.cpu()
+    gathered = [None] * dist.get_world_size() if rank == 0 else None
+    dist.gather_object(per_process, gathered, dst=0)
+    ckpt_dir = Path(args.out_dir) / "checkpoints"
+    path = ckpt_dir / f"step_{state.global_step:09d}"
+    # Written under another name, renamed when complete: list_checkpoints never sees a torn one.
+    tmp = ckpt_dir / f".{path.name}.tmp"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)  # what a write cut short left
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    # Sharded state dicts: each process's DTensors hold its shards. dcp.save writes them, one file
+    # per process, and rank 0 the .metadata that says where each shard of each tensor lies, so any
+    # number of processes can read them back. (torch.save on one process would keep its shards
+    # alone.) It returns on every process once all is written.
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp)
+    if rank != 0:
+        return
+    checkpoint = {
+        # The schedule's position: without it a resumed run would warm up again from step 0.
+        "scheduler": scheduler.state_dict(),
+        "scaler": scaler.state_dict(),
+        **{name: getattr(state, name) for name in SHARED_STATE},
+        "world_size": dist.get_world_size(),
+        "config": vars(args),
+        "rank_states": gathered,
+    }
+    atomic_save(checkpoint, tmp / "train_state.pt")
+    # A directory is renamed in one step, but not onto one that exists: one written at the same
+    # step before (a stop right after a --ckpt-steps checkpoint) goes aside first.
+    old = ckpt_dir / f".{path.name}.old"
+    if path.exists():
+        os.replace(path, old)
+    os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
+    for old in list_checkpoints(ckpt_dir)[args.keep_last:]:
+        shutil.rmtree(old)
+    where = f"end of epoch {state.epoch}" if state.step_in_epoch == 0 else \
+        f"epoch {state.epoch + 1} step {state.step_in_epoch}"
+    log(f"checkpoint {path} ({where}) in {time.perf_counter() - start:.2f} s")
+
+
+def list_checkpoints(ckpt_dir):
+    """Complete checkpoints, newest first. A write in progress has another name until its rename."""
+    found = [(int(m.group(1)), p) for p in Path(ckpt_dir).glob("step_*")
+             if (m := CHECKPOINT_NAME.match(p.name)) and p.is_dir()]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def missing_shards(path):
+    """Why a checkpoint's shards cannot all be read (a file gone or cut short), or None: checked
+    against the sizes in its .metadata, before anything is loaded."""
+    try:
+        metadata = dcp.FileSystemReader(path).read_metadata()
+        for info in metadata.storage_data.values():
+            size = (Path(path) / info.relative_path).stat().st_size
+            if size < info.offset + info.length:
+                return f"{info.relative_path} is cut short ({size} bytes)"
+    except (OSError, ValueError, EOFError, pickle.UnpicklingError) as err:
+        return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return None
+
+
+def load_checkpoint(path, args):
+    """Read and check a checkpoint; anything wrong with it is a ConfigError naming the file."""
+    try:
+        # To the CPU, whatever the device: random states must stay CPU tensors (set_rng_state
+        # takes no other), and load_state_dict copies optimizer state to the model's device.
+        # weights_only: tensors and plain containers only, so loading a file runs no code from it.
+        checkpoint = torch.load(Path(path) / "train_state.pt", map_location="cpu",
+                                weights_only=True)
+    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else "empty or truncated"
+        raise ConfigError(f"checkpoint {path} cannot be read: {reason}") from None
+    if not isinstance(checkpoint, dict) or "rank_states" not in checkpoint:
+        raise ConfigError(f"checkpoint {path} was not written by this script")
+    missing = missing_shards(path)
+    if missing is not None:
+        raise ConfigError(f"checkpoint {path} cannot be read: {missing}")
+    settings, saved = vars(args), checkpoint["config"]
+    may_change = RESUME_MAY_CHANGE + RESUME_MAY_CHANGE_TASK
+    if args.lr_schedule == "constant":
+        may_change += ("epochs",)
+    for name in sorted(settings.keys() & saved.keys()):
+        if saved[name] != settings[name] and name not in may_change:
+            raise ConfigError(f"checkpoint {path} is from a run with --{name.replace('_', '-')} "
+                              f"{saved[name]}, this run has {settings[name]}")
+    return checkpoint
+
+
+def find_checkpoint(args):
+    """The checkpoint to resume from and its path, or (None, None) to start afresh."""
+    if args.resume == "none":
+        return None, None
+    if args.resume != "auto":
+        return load_checkpoint(args.resume, args), args.resume
+    candidates = list_checkpoints(Path(args.out_dir) / "checkpoints")
+    reasons = []
+    for path in candidates:
+        try:
+            return load_checkpoint(path, args), path
+        except ConfigError as err:
+            # A torn or foreign file is reported and passed over for the one before it.
+            log(f"skipping: {err}")
+            reasons.append(str(err))
+    if candidates:
+        raise ConfigError(f"no usable checkpoint in {Path(args.out_dir) / 'checkpoints'} (newest: "
+                          f"{reasons[0]}); start afresh with --resume none (old checkpoints may "
+                          f"then be deleted) or another --out-dir")
+    return None, None
+
+
+def agree_on_checkpoint(args, world_size):
+    """find_checkpoint on every process, then one collective: all must have found the same. A node
+    that misses the newest checkpoint would start afresh while the others resume, and hang."""
+    try:
+        checkpoint, path = find_checkpoint(args)
+        found = f"{Path(path).name} (step {checkpoint['global_step']})" if path else "none"
+        view = (found, None)
+    except ConfigError as err:
+        checkpoint, path, view = None, None, (None, str(err))
+    views = [None] * world_size
+    dist.all_gather_object(views, view)
+    for rank, (found, error) in enumerate(views):
+        if error is not None:
+            raise ConfigError(error if rank == 0 else f"on rank {rank}: {error}")
+        if found != views[0][0]:
+            raise ConfigError(f"processes disagree on the checkpoint to resume from: rank 0 finds "
+                              f"{views[0][0]}, rank {rank} finds {found}; every node must see the "
+                              f"same --out-dir")
+    return checkpoint, path
+
+
+def restore(checkpoint, path, model, optimizer, scheduler, scaler, rank, device):
+    """Load a checkpoint into the sharded model and the rest; return the TrainState it holds."""
+    try:
+        # Each process reads the shards it holds now, whichever processes wrote them: a
+        # checkpoint of 2 processes loads on 3, resharded. dcp.load fills the state dicts in place
+        # (get_state_dict gives the optimizer its state first, so that there is one to fill).
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        sharded = {"model": model_state, "optimizer": optimizer_state}
+        dcp.load(sharded, checkpoint_id=path)
+        set_state_dict(model, optimizer, model_state_dict=sharded["model"],
+                       optim_state_dict=sharded["optimizer"])
+        scheduler.load_state_dict(checkpoint["scheduler"])
+    except (RuntimeError, ValueError, KeyError, dcp.api.CheckpointException) as err:
+        reason = str(err).strip().splitlines()[0]
+        raise ConfigError(f"checkpoint {path} does not fit this model: {reason}") from None
+    scaler.load_state_dict(checkpoint["scaler"])
+    rank_states = checkpoint["rank_states"]
+    if len(rank_states) == dist.get_world_size():
+        own = rank_states[rank]
+    else:
+        # Another number of processes: no process's random states and partial sums are this
+        # one's. It keeps the random states it has (seeded with seed + rank), and rank 0 takes the
+        # sums of all, so that the epoch's totals stay whole.
+        own = {**rank_states[0], "rng": rng_state(), "loader_rng": None,
+               "train_totals": sum(r["train_totals"] for r in rank_states) if rank == 0 else
+               torch.zeros_like(rank_states[0]["train_totals"])}
+    state = TrainState(**{name: checkpoint[name] for name in SHARED_STATE}, **own)
+    set_rng_state(state.rng)
+    totals = state.train_totals  # 2 long in checkpoints older than the unreadable count
+    state.train_totals = F.pad(totals, (0, 3 - len(totals))).to(device, torch.float64)
+    return state
+
+
+def start_or_resume(args, checkpoint, path, model, optimizer, scheduler, scaler, train_loader,
+                    rank, device):
+    """The TrainState to start from: a fresh one, or the checkpoint's with all it holds restored."""
+    if checkpoint is None:
+        return TrainState(rng=rng_state(), loader_rng=train_loader.generator.get_state(),
+                          train_totals=torch.zeros(3, dtype=torch.float64, device=device))
+    state = restore(checkpoint, path, model, optimizer, scheduler, scaler, rank, device)
+    if state.loader_rng is None:
+        state.loader_rng = train_loader.generator.get_state()
+    else:
+        train_loader.generator.set_state(state.loader_rng)
+    if checkpoint["world_size"] != dist.get_world_size():
+        # Another number of processes takes another number of steps per epoch (the global batch
+        # is another): the schedule goes on from the same fraction of the run, as the data goes on
+        # from the same sample (epoch_position).
+        steps_per_epoch = math.ceil(len(train_loader) / args.accum_steps)
+        done = state.epoch + state.epoch_position / len(train_loader.dataset)
+        scheduler.last_epoch = round(done * steps_per_epoch) - 1
+        scheduler.step()
+    return state
+
+
+def stop_run(args, stop, model, optimizer, scheduler, scaler, state, preemption):
+    """Checkpoint the last optimizer step; return the exit status."""
+    save_checkpoint(args, model, optimizer, scheduler, scaler, state)
+    preemption.close()
+    if str(stop) == "preempted":
+        log(f"preempted at step {state.global_step}: checkpoint written; requeue with the "
+            f"same command (exit status {EXIT_REQUEUE})")
+        return EXIT_REQUEUE
+    log(f"stopped after --max-steps {args.max_steps}: checkpoint written; the same command "
+        f"without --max-steps continues the run")
+    return 0
+
+
+# --- main ---------------------------------------------------------------------------------------
+
+def train(args):
+    rank, local_rank, world_size, device = setup_distributed(args)
+    configure_cuda(args, device)
+    if args.sync_bn and device.type != "cuda":
+        raise ConfigError("--sync-bn needs CUDA GPUs: SyncBatchNorm runs on GPUs only")
+    # Rank 0 writes the results: if it cannot, every process stops now, not after training.
+    rank0_only(rank, prepare_out_dir, args)
+    train_set, val_set, num_outputs = rank0_first(rank, build_datasets, args)
+    if len(train_set) < world_size:
+        raise ConfigError(f"{world_size} processes but only {len(train_set)} training samples: "
+                          f"every process needs at least one")
+    check_model_fits(args, num_outputs, train_set, val_set)
+    train_loader, val_loader = build_loaders(args, train_set, val_set, device, rank, world_size)
+    # Found before the model is built: a checkpoint wins over --init-from.
+    checkpoint, checkpoint_path = agree_on_checkpoint(args, world_size)
+    set_seed(args.seed)
+    model = build_model(args, num_outputs)
+    if args.init_from and checkpoint is None:
+        # Every process reads the weights (rank 0 first, to stop all on a bad file): fully_shard
+        # keeps each process's own slice of its own copy and broadcasts nothing.
+        rank0_first(rank, init_weights_from, args, model)
+    # The weights stay in their own memory order (fully_shard takes contiguous parameters only);
+    # with --channels-last the inputs' order carries on through every convolution after the first.
+    model = model.to(device)
+    log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
+    if args.compile:
+        # In place, before fully_shard: the state dict keys stay the model's own (no "_orig_mod.").
+        model.compile()
+    if args.sync_bn:
+        # Statistics over the global batch, all-reduced in every forward: they pay when per-GPU
+        # batches are small. Its state_dict keys are BatchNorm's: the weights it saves load into
+        # the model built without --sync-bn (model.pt); a resume still needs the same flag.
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    # Every process keeps its 1/world size slice of each parameter (its copy of the rest is freed),
+    # the same seed having given all the same weights.
+    units = shard_model(args, model, device, world_size)
+    # After sharding: the optimizer must hold the sharded parameters (DTensors) that fully_shard
+    # put in the model's place; built before, it would step the freed full ones.
+    optimizer = build_optimizer(args, model)
+    scheduler = build_scheduler(args, optimizer,
+                                steps_per_epoch=math.ceil(len(train_loader) / args.accum_steps))
+    # fp16 needs loss scaling (small gradients underflow in fp16); bf16 has fp32's range and does
+    # not. A disabled scaler passes everything through, so one code path serves all three.
+    scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
+
+    # The weights came from the same seed everywhere; from here on each process draws its own
+    # random numbers (dropout, augmentation), or all of them would repeat one draw.
+    set_seed(args.seed + rank)
+    state = start_or_resume(args, checkpoint, checkpoint_path, model, optimizer, scheduler,
+                            scaler, train_loader, rank, device)
+    del checkpoint  # its tensors are copied into the model and the optimizer: free the memory
+    if args.init_from and checkpoint_path is None:
+        # The starting weights' score (epoch 0), before the stop handler: nothing to save yet.
+        state.history.append({"epoch": 0, **val_record(evaluate(args, model, val_loader, device,
+                                                                preemption=None))})
+        log_epoch(state.history[-1], args.epochs)
+    preemption = Preemption()
+
+    out_dir = Path(args.out_dir)
+    metrics_path = out_dir / "metrics.jsonl"
+    if rank == 0:
+        # A resumed run rewrites the records of the epochs its checkpoint has seen, no more.
+        metrics_path.write_text("".join(json.dumps(record) + "\n" for record in state.history))
+    log(f"process group {dist.get_backend()} | {world_size} processes | "
+        f"timeout {args.timeout_min:g} min")
+    local, whole = shard_sizes(model)
+    log(f"FSDP: {units} units | this process holds {local / 1e6:.3g} M of {whole / 1e6:.3g} M "
+        f"parameters (1/{whole / local:.3g}), and as much of their gradients and optimizer state")
+    log(f"global batch {args.batch_size * world_size * args.accum_steps} = {args.batch_size} per "
+        f"process x {world_size} processes x {args.accum_steps} accumulation steps | "
+        f"amp {args.amp}")
+    log_recipe(args)
+    if checkpoint_path is not None:
+        log(f"resumed from {checkpoint_path}: epoch {state.epoch + 1}, step {state.step_in_epoch}")
+    if state.epoch >= args.epochs:
+        log(f"nothing to train: the run already completed {state.epoch} epochs; start afresh with "
+            f"--resume none or another --out-dir (or, with --lr-schedule constant, raise --epochs)")
+
+    try:
+        for epoch in range(state.epoch, args.epochs):
+            # Without set_epoch the sampler repeats epoch 0's order in every epoch.
+            train_loader.sampler.set_epoch(epoch)
+            # A resumed epoch skips the samples its first steps consumed, on every process.
+            train_loader.sampler.set_start(state.epoch_position)
+            state.epoch = epoch
+            train_totals = train_one_epoch(args, model, train_loader, optimizer, scheduler, scaler,
+                                           device, state, preemption)
+            # Every process evaluates its shard, as many forwards on each (see evaluate).
+            val_start = time.perf_counter()
+            val_totals = evaluate(args, model, val_loader, device, preemption)
+            record = epoch_record(epoch, train_totals, val_totals, state.train_seconds,
+                                  time.perf_counter() - val_start, scheduler.get_last_lr()[0])
+            state.history.append(record)
+            # The next epoch begins: from here on a checkpoint resumes at its start.
+            state.epoch, state.step_in_epoch, state.train_seconds = epoch + 1, 0, 0.0
+            state.train_totals = torch.zeros(3, dtype=torch.float64, device=device)
+            state.rng, state.loader_rng = rng_state(), train_loader.generator.get_state()
+            state.epoch_position = 0
+            if rank == 0:
+                write_metrics(metrics_path, record)
+            log_epoch(record, args.epochs)
+            if epoch + 1 < args.epochs:
+                preemption.check()
+                check_max_steps(args, state)
+            if epoch + 1 == args.epochs or args.ckpt_epochs and (epoch + 1) % args.ckpt_epochs == 0:
+                save_checkpoint(args, model, optimizer, scheduler, scaler, state)
+    except Stop as stop:
+        return stop_run(args, stop, model, optimizer, scheduler, scaler, state, preemption)
+
+    save_start = time.perf_counter()
+    # The whole model, gathered from every process's shards to rank 0 alone, on its CPU (another
+    # process would hold it all on its GPU): its keys are the plain model's, and load into it.
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                                cpu_offload=True))
+    if rank == 0:
+        atomic_save(full, out_dir / "model.pt")
+        log(f"saved {out_dir / 'model.pt'} in {time.perf_counter() - save_start:.2f} s")
+    preemption.close()
+    return 0
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        check_args(args)
+        status = train(args)
+    except ConfigError as err:
+        # Every process meets the same bad input; one line from rank 0 is enough.
+        if int(os.environ.get("RANK", 0)) == 0:
+            print(f"{Path(__file__).name}: error: {err}", file=sys.stderr, flush=True)
+        return 2
+    finally:
+        cleanup_distributed()
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""Run fsdp.py's main() under torchrun and record what a test cannot see from outside.
+
+    PROBE_DIR=DIR torchrun ... tests/fsdp_probe.py ARGS
+
+Each process records, for the number of processes W it runs in and its rank R:
+- DIR/samples_w<W>_r<R>.txt: one line "epoch index" per training sample its sampler hands out,
+  as the loader takes it (--workers 0 takes indices one batch at a time, so a stopped run records
+  only what it trained on);
+- DIR/shards_w<W>_r<R>.json: at each checkpoint, the elements of its parameter shards and of its
+  optimizer state shards, per parameter name, and each parameter's whole size;
+- DIR/restored_w<W>.pt (rank 0): after a resume, the full model and optimizer state as restored,
+  gathered from every process's shards.
+Nothing of the script is changed but these records; the script's own code does the work.
+"""
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+# LADDER_ROOT: another copy of the scripts, as in conftest.py (the mutation check's).
+ROOT = Path(os.environ.get("LADDER_ROOT") or Path(__file__).resolve().parent.parent)
+spec = importlib.util.spec_from_file_location("fsdp", ROOT / "fsdp.py")
+fsdp = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(fsdp)  # defines everything, runs nothing
+probe_dir = Path(os.environ["PROBE_DIR"])
+
+
+def where():
+    return f"w{dist.get_world_size()}_r{dist.get_rank()}"
+
+
+sampler_iter = fsdp.ResumableDistributedSampler.__iter__
+
+
+def recording_iter(self):
+    with open(probe_dir / f"samples_{where()}.txt", "a") as f:
+        for index in sampler_iter(self):
+            f.write(f"{self.epoch} {index}\n")
+            f.flush()
+            yield index
+
+
+fsdp.ResumableDistributedSampler.__iter__ = recording_iter
+save_checkpoint = fsdp.save_checkpoint
+
+
+def recording_save(args, model, optimizer, scheduler, scaler, state):
+    names = {id(p): name for name, p in model.named_parameters()}
+    record = {"params": {name: p.to_local().numel() for name, p in model.named_parameters()},
+              "whole": {name: p.numel() for name, p in model.named_parameters()},
+              "optimizer": {names[id(p)]: sum(v.to_local().numel() for v in s.values()
+                                              if isinstance(v, torch.Tensor) and v.dim() > 0)
+                            for p, s in optimizer.state.items()}}
+    (probe_dir / f"shards_{where()}.json").write_text(json.dumps(record))
+    return save_checkpoint(args, model, optimizer, scheduler, scaler, state)
+
+
+fsdp.save_checkpoint = recording_save
+restore = fsdp.restore
+
+
+def recording_restore(checkpoint, path, model, optimizer, *rest):
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+
+    state = restore(checkpoint, path, model, optimizer, *rest)
+    full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    restored = {"model": get_model_state_dict(model, options=full),
+                "optimizer": get_optimizer_state_dict(model, optimizer, options=full)}
+    if dist.get_rank() == 0:
+        torch.save(restored, probe_dir / f"restored_w{dist.get_world_size()}.pt")
+    return state
+
+
+fsdp.restore = recording_restore
+sys.exit(fsdp.main(sys.argv[1:]))

@@ -1,0 +1,255 @@
+"""fsdp.py, step 6: the ddp_full.py trainer fully sharded trains the same model, and survives the same.
+
+Tolerances are the harness's own (test_equivalence.py, test_validation.py, test_amp.py), for the
+same reason: FSDP reduce-scatters where DDP all-reduces and sums micro-batches in its shards, which
+changes where float32 sums round, not what is summed. Measured on this machine: fsdp.py against
+ddp_full.py and single_gpu.py after the 24 steps below, max |weight difference| 7e-9 to 3e-7
+(WEIGHT_ATOL = 1e-5).
+
+The probe (tests/fsdp_probe.py) runs fsdp.py's own main() and records what the outputs do not
+show: the samples each process trains on, the sizes of its shards, and the state a resume restored.
+"""
+import json
+import os
+import shutil
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import TINY, TRAIN_SAMPLES, check, command, launch, metrics, weights
+from test_amp import AMP_FINAL_LOSS_ATOL, LEARNING, MIN_LOSS_DROP
+from test_bad_input import assert_one_clear_error
+from test_cluster import RESTART_ENV, children, output, readme_restart_command, start
+from test_equivalence import GLOBAL_BATCH, assert_same_training
+from test_resume import assert_bitwise_equal
+from test_validation import BATCHNORM, VAL_LOSS_RTOL, assert_matches_reference, load_script
+
+# 2 micro-batches per optimizer step: the global batch of 16 is 2 processes x 4 x 2, or 4 x 2 x 2.
+ACCUM = ["--accum-steps", "2"]
+# Gradient norms here are 0.2 to 0.6: clipping at 0.1 clips every step, by the global norm.
+CLIP = ["--clip-grad-norm", "0.1"]
+# A collective left waiting fails the run within a minute, not gloo's default 30.
+QUICK_TIMEOUT = ["--timeout-min", "1"]
+
+
+def per_process(nproc):
+    return ["--batch-size", str(GLOBAL_BATCH // nproc // 2), *ACCUM]
+
+
+def probe(out_dir, args, nproc, probe_dir, **kwargs):
+    probe_dir.mkdir(exist_ok=True)
+    return launch("tests/fsdp_probe.py", [*TINY, *args, "--out-dir", str(out_dir)], nproc=nproc,
+                  env={"PROBE_DIR": str(probe_dir)}, **kwargs)
+
+
+def test_fsdp_on_2_processes_with_accumulation_trains_what_one_process_trains(runs):
+    single = runs.get("single16", "single_gpu.py", ["--batch-size", str(GLOBAL_BATCH)])
+    fsdp = runs.get("fsdp_accum_w2", "fsdp.py", per_process(2), nproc=2)
+    assert_same_training(single, fsdp)
+
+
+@pytest.mark.slow
+def test_fsdp_on_4_processes_with_accumulation_trains_what_one_process_trains(runs):
+    single = runs.get("single16", "single_gpu.py", ["--batch-size", str(GLOBAL_BATCH)])
+    fsdp = runs.get("fsdp_accum_w4", "fsdp.py", per_process(4), nproc=4)
+    assert_same_training(single, fsdp)
+
+
+@pytest.mark.slow
+def test_fsdp_clips_by_the_global_norm_as_ddp_full_does(runs):
+    # Clipping every step: a process that clipped its shard by the shard's own norm would scale
+    # its part of the gradient by another factor than the others.
+    ddp = runs.get("full_accum_clip_w2", "ddp_full.py", [*per_process(2), *CLIP], nproc=2)
+    fsdp = runs.get("fsdp_accum_clip_w2", "fsdp.py", [*per_process(2), *CLIP], nproc=2)
+    assert_same_training(ddp, fsdp)
+
+
+@pytest.mark.slow
+def test_fsdp_bf16_policy_trains_and_stays_near_float32(runs):
+    # The learning run of test_amp.py, with FSDP's bf16 policy in place of autocast: float32
+    # shards, bf16 compute, float32 reduction.
+    fp32 = metrics(runs.get("fsdp_learning_fp32", "fsdp.py", LEARNING, nproc=2))
+    bf16 = metrics(runs.get("fsdp_learning_bf16", "fsdp.py", [*LEARNING, "--amp", "bf16"], nproc=2))
+    assert bf16[0]["val_loss"] - bf16[-1]["val_loss"] >= MIN_LOSS_DROP, bf16
+    assert abs(fp32[-1]["val_loss"] - bf16[-1]["val_loss"]) <= AMP_FINAL_LOSS_ATOL, (fp32[-1], bf16[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("amp", ["bf16", "fp16"])
+def test_fsdp_low_precision_trains_resnet18_with_its_batchnorm(runs, amp):
+    # BatchNorm's float32 running statistics beside bf16 or fp16 weights stop its CPU kernel; its
+    # own float32 units keep it going. One epoch, 48 samples: it runs, and its loss is a number.
+    out_dir = runs.get(f"fsdp_bn_{amp}_w2", "fsdp.py", [*BATCHNORM, "--amp", amp], nproc=2, tiny=False)
+    [record] = metrics(out_dir)
+    assert torch.isfinite(torch.tensor([record["train_loss"], record["val_loss"]])).all(), record
+    assert record["val_samples"] == 23
+
+
+@pytest.mark.slow
+def test_fsdp_sharded_validation_with_uneven_shards_equals_one_process_evaluation(runs):
+    # 103 samples on 4 processes in batches of 5: shards of 26, 26, 26 and 25, 6 batches on three
+    # processes and 5 on the fourth, which must still run a sixth forward (every forward gathers
+    # parameters from all), or the others wait in it until the timeout.
+    out_dir = runs.get("fsdp_val_w4", "fsdp.py", ["--batch-size", "5", "--epochs", "1", *QUICK_TIMEOUT],
+                       nproc=4)
+    assert_matches_reference("fsdp.py", out_dir)
+
+
+@pytest.mark.slow
+def test_fsdp_sharded_validation_with_batchnorm_scores_the_saved_model(runs):
+    import torchvision
+
+    out_dir = runs.get("fsdp_bn_w3", "fsdp.py", BATCHNORM, nproc=3, tiny=False)
+    images, labels = load_script("fsdp.py").make_synthetic(23, 0, "val").tensors
+    model = torchvision.models.resnet18(num_classes=10)
+    model.load_state_dict(weights(out_dir))  # model.pt: the plain model's keys, all of them
+    model.eval()
+    with torch.no_grad():
+        logits = model(images).double()
+    [record] = metrics(out_dir)
+    assert record["val_samples"] == 23
+    assert round(record["val_acc"] * 23) == (logits.argmax(dim=1) == labels).sum().item(), record
+    loss = F.cross_entropy(logits, labels, reduction="sum").item() / 23
+    assert record["val_loss"] == pytest.approx(loss, rel=VAL_LOSS_RTOL), record
+
+
+# AdamW (two moments and a step count per parameter), 2 micro-batches, clipping: 6 optimizer steps
+# per epoch of 192 samples on 2 processes x 8.
+RESUME = ["--batch-size", "8", "--optimizer", "adamw", *ACCUM, *CLIP]
+
+
+@pytest.mark.slow
+def test_fsdp_resume_mid_epoch_and_at_an_epoch_boundary_is_bitwise(runs, tmp_path):
+    reference = runs.get("fsdp_resume_ref_w2", "fsdp.py", RESUME, nproc=2)
+    check(launch("fsdp.py", [*TINY, *RESUME, "--max-steps", "4", "--out-dir", str(tmp_path)], nproc=2))
+    check(launch("fsdp.py", [*TINY, *RESUME, "--max-steps", "6", "--out-dir", str(tmp_path)], nproc=2))
+    third = check(launch("fsdp.py", [*TINY, *RESUME, "--out-dir", str(tmp_path)], nproc=2))
+    assert "step_000000006: epoch 2, step 0" in third.stdout
+    assert_bitwise_equal(reference, tmp_path)
+
+
+@pytest.mark.slow
+def test_fsdp_auto_resume_passes_over_a_torn_checkpoint(runs, tmp_path):
+    reference = runs.get("fsdp_resume_ref_w2", "fsdp.py", RESUME, nproc=2)
+    check(launch("fsdp.py", [*TINY, *RESUME, "--max-steps", "5", "--ckpt-steps", "2",
+                             "--out-dir", str(tmp_path)], nproc=2))
+    checkpoints = tmp_path / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step_000000002", "step_000000004",
+                                                              "step_000000005"]
+    # The newest lost the end of one process's shards (a disk full, a node gone mid-write), and a
+    # write cut short left its temporary directory: neither is resumed from.
+    shard = checkpoints / "step_000000005" / "__1_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:1000])
+    shutil.copytree(checkpoints / "step_000000004", checkpoints / ".step_000000006.tmp")
+    resumed = check(launch("fsdp.py", [*TINY, *RESUME, "--out-dir", str(tmp_path)], nproc=2))
+    assert "skipping: checkpoint" in resumed.stdout and "__1_0.distcp is cut short" in resumed.stdout
+    assert "resumed from" in resumed.stdout and "step_000000004: epoch 1, step 4" in resumed.stdout
+    assert_bitwise_equal(reference, tmp_path)
+
+
+def samples_seen(probe_dir, epoch):
+    seen = Counter()
+    for path in probe_dir.glob("samples_*.txt"):
+        for line in path.read_text().splitlines():
+            e, index = map(int, line.split())
+            if e == epoch:
+                seen[index] += 1
+    return seen
+
+
+def read_dcp(checkpoint_dir, tmp_path):
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    target = tmp_path / f"{checkpoint_dir.name}.pt"
+    dcp_to_torch_save(checkpoint_dir, target)  # one process, no process group: the whole tensors
+    return torch.load(target, weights_only=False)
+
+
+def assert_states_equal(restored, saved):
+    assert restored.keys() == saved.keys()
+    for key, value in restored.items():
+        if isinstance(value, dict):
+            assert_states_equal(value, saved[key])
+        elif isinstance(value, torch.Tensor):
+            assert torch.equal(value, saved[key]), key
+
+
+@pytest.mark.slow
+def test_fsdp_resumes_on_4_then_3_processes_resharded_at_the_same_sample(tmp_path):
+    # 192 samples, 8 per process, 2 micro-batches: stopped on 2 processes after 3 steps (96
+    # samples), on 4 after 1 more (64), finished on 3.
+    args = ["--batch-size", "8", "--optimizer", "adamw", "--accum-steps", "2", "--log-interval", "1"]
+    probe_dir, out_dir = tmp_path / "probe", tmp_path / "run"
+    saved = {}
+    check(probe(out_dir, [*args, "--max-steps", "3"], 2, probe_dir))
+    saved[4] = read_dcp(out_dir / "checkpoints" / "step_000000003", tmp_path)  # what 4 processes load
+    check(probe(out_dir, [*args, "--max-steps", "4"], 4, probe_dir))
+    saved[3] = read_dcp(out_dir / "checkpoints" / "step_000000004", tmp_path)
+    last = check(probe(out_dir, args, 3, probe_dir))
+    assert "step_000000004: epoch 1, step 4" in last.stdout
+    # Every sample of the epoch once, across the three runs; the last pads its 32 to 33, repeating
+    # one sample (as DistributedSampler pads), at most world size - 1 in all.
+    seen = samples_seen(probe_dir, epoch=0)
+    assert set(seen) == set(range(TRAIN_SAMPLES))
+    assert sum(seen.values()) - TRAIN_SAMPLES == -(TRAIN_SAMPLES - 96 - 64) % 3
+    assert Counter(samples_seen(probe_dir, epoch=1).values()) == {1: TRAIN_SAMPLES}
+    # Each resume restored the model and AdamW's state exactly as saved, resharded.
+    for nproc in (4, 3):
+        restored = torch.load(probe_dir / f"restored_w{nproc}.pt", weights_only=False)
+        assert_states_equal(restored["model"], saved[nproc]["model"])
+        assert_states_equal(restored["optimizer"]["state"], saved[nproc]["optimizer"]["state"])
+    # The epoch's training loss is over all its samples, trained on 2, 4 and 3 processes; the run
+    # learns on (the second epoch, on 3 processes, ends below the first).
+    first, second = metrics(out_dir)
+    assert second["train_loss"] < first["train_loss"], (first, second)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_fsdp_shards_times_world_size_are_the_whole_model(tmp_path, nproc):
+    # resnet18 (BatchNorm, 11.7 M parameters): each process holds its 1/W slice of every parameter,
+    # and AdamW's two moments of that slice alone; the slices together are the model, exactly.
+    probe_dir = tmp_path / "probe"
+    check(probe(tmp_path / "run", [*BATCHNORM, "--optimizer", "adamw", "--max-steps", "1"], nproc,
+                probe_dir))
+    records = [json.loads((probe_dir / f"shards_w{nproc}_r{r}.json").read_text()) for r in range(nproc)]
+    whole = records[0]["whole"]
+    for name, size in whole.items():
+        assert sum(r["params"][name] for r in records) == size, name
+        assert sum(r["optimizer"][name] for r in records) == 2 * size, name
+    total = sum(whole.values())
+    for record in records:  # about 1/W each: the first dimension splits in near-equal chunks
+        assert abs(sum(record["params"].values()) - total / nproc) <= 0.01 * total / nproc
+
+
+def test_fsdp_resume_from_a_missing_checkpoint_directory_is_one_clear_line(tmp_path):
+    result = launch("fsdp.py", [*TINY, "--resume", str(tmp_path / "nope"), "--out-dir", str(tmp_path)], nproc=2)
+    assert_one_clear_error(result, "fsdp.py", "no such checkpoint directory")
+
+
+@pytest.mark.slow
+def test_fsdp_killed_worker_is_restarted_and_the_run_ends_bitwise_as_if_never_killed(runs, tmp_path):
+    long = ["--train-samples", "512", "--batch-size", "8", "--ckpt-steps", "10"]
+    reference = runs.get("fsdp_long_w2", "fsdp.py", long, nproc=2)
+    out_dir = tmp_path / "crash"
+    restart = readme_restart_command().replace("--nproc_per_node=4", "--nproc_per_node=2")
+    restart = restart.removesuffix("ddp_full.py") + "fsdp.py"
+    venv_bin = os.path.dirname(command("x", [], 2)[0])
+    cmd = f'PATH="{venv_bin}:$PATH" {restart} ' + " ".join([*TINY, *long, "--out-dir", str(out_dir)])
+    process = start(cmd, out_dir, env=RESTART_ENV)
+    deadline = time.monotonic() + 120
+    while not [p for p in (out_dir / "checkpoints").glob("step_*") if p.is_dir()]:
+        assert process.poll() is None and time.monotonic() < deadline, output(out_dir)[-3000:]
+        time.sleep(0.02)
+    workers = [w for a in children(process.pid) or [process.pid] for w in children(a)]
+    assert workers, "no worker process found"
+    os.kill(workers[-1], signal.SIGKILL)
+    assert process.wait(timeout=240) == 0, output(out_dir)[-3000:]
+    log = output(out_dir)
+    assert "exitcode: -9" in log and "resumed from" in log, log[-3000:]
+    assert_bitwise_equal(reference, out_dir)
