@@ -74,8 +74,7 @@ AMP_DTYPES = {"none": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float
 # A resumed run continues the same training: every setting must match the checkpoint's but these,
 # which change how the run goes on, not what it computes (speed settings change rounding at most;
 # augmentation is seeded per sample, whatever --workers). And --epochs, but with --lr-schedule
-# constant only: the cosine schedule is laid over --epochs (load_checkpoint adds it then). The
-# number of processes may change too: checkpoints are resharded as they load.
+# constant only: the cosine schedule is laid over --epochs (load_checkpoint adds it then).
 RESUME_MAY_CHANGE = ("workers", "out_dir", "log_interval", "resume", "ckpt_steps",
                      "ckpt_epochs", "keep_last", "max_steps", "backend", "local_rank",
                      "timeout_min", "channels_last", "tf32", "cudnn_benchmark", "compile",
@@ -530,13 +529,32 @@ def rank0_first(rank, function, *args):
     return result if rank == 0 else function(*args)
 
 
-def cleanup_distributed():
-    """Leave the process group after the DDP model is gone.
+def release_device_meshes():
+    """Empty DTensor's caches of sharding plans, which keep every device mesh they have seen alive,
+    and with the mesh its process group: after destroy_process_group() the group's gloo threads
+    would run on until the interpreter's exit, where they can abort a finished run (as in
+    setup_distributed). torch's own tests empty them before destroying groups (pytorch#172504);
+    tests/test_teardown.py fails if a torch version keeps a mesh somewhere else."""
+    from torch.distributed.tensor import debug
+    from torch.distributed.tensor._collective_utils import MeshTopoInfo
+    from torch.distributed.tensor._redistribute import (_gen_transform_infos,
+                                                        clear_redistribute_planner_cache)
 
-    gloo can abort a worker at exit ("terminate called without an active exception") while a DDP
+    debug._clear_sharding_prop_cache()
+    clear_redistribute_planner_cache()
+    _gen_transform_infos.cache_clear()
+    MeshTopoInfo.build_from_mesh.cache_clear()
+
+
+def cleanup_distributed():
+    """Leave the process group after the sharded model is gone.
+
+    gloo can abort a worker at exit ("terminate called without an active exception") while a
     model is still alive at destroy_process_group(): the caller's model and optimizer are out of
-    scope by now, and collecting garbage releases them before the group goes.
+    scope by now, and collecting garbage releases them before the group goes; so does emptying
+    DTensor's caches, which hold the device mesh.
     """
+    release_device_meshes()
     gc.collect()
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -886,6 +904,24 @@ def init_weights_from(args, model):
     log(f"weights from {args.init_from}" + (f"; fresh: {', '.join(fresh)}" if fresh else ""))
 
 
+def precision_policies(args):
+    """FSDP's mixed precision for --amp: the policies of the blocks, of the root, and of BatchNorm
+    (None in float32, where it needs none of its own)."""
+    dtype = AMP_DTYPES[args.amp]
+    # Parameters gathered in --amp's precision, for compute; gradients reduced in float32 (in a sum
+    # over processes bf16 loses the small ones); the model's output, the loss's input, in float32.
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    root_policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32,
+                                       output_dtype=torch.float32)
+    if dtype == torch.float32:
+        return policy, root_policy, None
+    # BatchNorm keeps its running statistics in float32 buffers, which FSDP does not cast, and with
+    # bf16 weights beside them its CPU kernel stops ("expected scalar type BFloat16 but found
+    # Float"): each is a unit of its own, in float32, giving its output back in --amp's precision.
+    return policy, root_policy, MixedPrecisionPolicy(param_dtype=torch.float32,
+                                                     reduce_dtype=torch.float32, output_dtype=dtype)
+
+
 def shard_model(args, model, device, world_size):
     """Shard the model over all processes with fully_shard: block by block, then the root.
 
@@ -897,19 +933,10 @@ def shard_model(args, model, device, world_size):
     (a stem, a classifier) is the root's, gathered for the whole forward. Smaller blocks free
     memory sooner but send more, smaller messages."""
     mesh = init_device_mesh(device.type, (world_size,))
-    dtype = AMP_DTYPES[args.amp]
-    # Parameters gathered in --amp's precision, for compute; gradients reduced in float32 (in a sum
-    # over processes bf16 loses the small ones); the model's output, the loss's input, in float32.
-    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-    root_policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32,
-                                       output_dtype=torch.float32)
+    policy, root_policy, norm_policy = precision_policies(args)
     units = []
-    if dtype != torch.float32:
-        # BatchNorm keeps its running statistics in float32 buffers, which FSDP does not cast, and
-        # with bf16 weights beside them its CPU kernel stops ("expected scalar type BFloat16 but
-        # found Float"): each is a unit of its own, in float32, giving its output back in --amp's.
-        norm_policy = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32,
-                                           output_dtype=dtype)
+    if norm_policy is not None:
+        # BatchNorm in float32 units of its own (precision_policies says why).
         for module in model.modules():
             if isinstance(module, nn.modules.batchnorm._BatchNorm):
                 fully_shard(module, mesh=mesh, mp_policy=norm_policy)

@@ -7,7 +7,10 @@
 #   3. resnet18's sharded validation (BatchNorm buffers) equals a one-process evaluation of model.pt
 #   4. samples/s of ddp_full.py against the bare loop on resnet50, bf16, channels-last, and each
 #      speed setting on and off; ddp_full.py with --compile (compile time, steady speed, peak memory)
-#   5. the README's test command, pinned to the CPU by the suite itself
+#   5. fsdp.py: bf16 and fp16 policies (BatchNorm in float32 units) with accumulation and clipping
+#      over nccl, stopped and resumed within 1e-3, its validation against model.pt, and resnet50's
+#      samples/s and peak memory beside ddp_full.py's
+#   6. the README's test command, pinned to the CPU by the suite itself
 # Writes gpu_results.md and each check's log into the folder given as $1 (default: docs/bench).
 #
 #   bash bench/gpu_check.sh [OUT_DIR]          # needs CUDA; DRY_RUN=1 prints the commands only
@@ -73,6 +76,16 @@ d=max((a[k].float()-b[k].float()).abs().max().item() for k in a); print('max dif
     "$TMP/6/model.pt" "$TMP/7/model.pt"
 # The uninterrupted resnet18 run's sharded validation, against model.pt scored in one process here.
 check validation_matches $PY bench/gpu_eval_check.py "$TMP/7" --val-samples 500
+# fsdp.py: the same checks, its bf16 and fp16 policies gathering shards over nccl.
+check fsdp_bf16          "${TR[@]}" fsdp.py "${SMALL[@]}" --amp bf16 --out-dir "$TMP/12"
+check fsdp_fp16_accum    "${TR[@]}" fsdp.py "${SMALL[@]}" --amp fp16 --accum-steps 2 --clip-grad-norm 1 \
+    --out-dir "$TMP/13"
+check fsdp_stop          "${TR[@]}" fsdp.py "${SMALL[@]}" --amp bf16 --max-steps 4 --out-dir "$TMP/14"
+check fsdp_resume        "${TR[@]}" fsdp.py "${SMALL[@]}" --amp bf16 --out-dir "$TMP/14"
+check fsdp_resume_matches $PY -c "import torch,sys; a=torch.load(sys.argv[1]); b=torch.load(sys.argv[2]); \
+d=max((a[k].float()-b[k].float()).abs().max().item() for k in a); print('max diff', d); sys.exit(d > 1e-3)" \
+    "$TMP/14/model.pt" "$TMP/12/model.pt"
+check fsdp_validation_matches $PY bench/gpu_eval_check.py "$TMP/12" --val-samples 500
 if [ -z "${DRY_RUN:-}" ]; then
     echo >> "$RESULTS"
     echo "Throughput, resnet50 at 224x224, batch 64 per GPU, bf16, channels-last: the bare loop with data already" >> "$RESULTS"
@@ -93,9 +106,12 @@ check speed_ddp_full     "${TR[@]}" ddp_full.py --model resnet50 --image-size 22
 check speed_ddp_full_compile "${TR[@]}" ddp_full.py --model resnet50 --image-size 224 --amp bf16 --batch-size 64 \
     --epochs 2 --train-samples 2560 --val-samples 64 --workers 4 --log-interval 20 --resume none --compile \
     --out-dir "$TMP/11"
+# fsdp.py on the same work: its peak memory beside ddp_full.py's (sharding pays as it grows with W).
+check speed_fsdp         "${TR[@]}" fsdp.py --model resnet50 --image-size 224 --amp bf16 --batch-size 64 --epochs 2 \
+    --train-samples 2560 --val-samples 64 --workers 4 --log-interval 20 --resume none --out-dir "$TMP/15"
 if [ -z "${DRY_RUN:-}" ]; then
     grep -h BENCH "$OUT"/gpu_check_logs/speed_*.log >> "$RESULTS"
-    for run in speed_ddp_full speed_ddp_full_compile; do
+    for run in speed_ddp_full speed_ddp_full_compile speed_fsdp; do
         echo "$run: $(grep -h "^epoch .* train_loss" "$OUT/gpu_check_logs/$run.log" | tr '\n' ' ')" >> "$RESULTS"
         grep -h "peak memory" "$OUT/gpu_check_logs/$run.log" | tail -1 >> "$RESULTS"
     done

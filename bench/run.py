@@ -88,8 +88,8 @@ def main(argv=None):
                              "and are slow (default: 2)")
     parser.add_argument("--sections",
                         default="profile,peers,overhead,scaling,settings,communication,layout,compile,data,"
-                                "seeding,curves",
-                        help="which sections to run (default: all eleven)")
+                                "seeding,fsdp,curves",
+                        help="which sections to run (default: all twelve)")
     parser.add_argument("--whole-pairs", type=int, default=8,
                         help="interleaved rounds of the whole-run profile and the peer comparison (default: 8)")
     parser.add_argument("--scripts", default=",".join(SCRIPTS), help="scripts for the overhead section (default: all)")
@@ -142,6 +142,8 @@ def main(argv=None):
         lines += compile_section(args, 1 if args.quick else args.settings_rounds, common)
     if "data" in sections:
         lines += data_section(batch, steps)
+    if "fsdp" in sections:
+        lines += fsdp_section(args, 1 if args.quick else args.settings_rounds)
     if "seeding" in sections:
         lines += seeding_section(1 if args.quick else args.settings_rounds, 48 if args.quick else 600, args.quick)
     curves = {}
@@ -514,6 +516,44 @@ def communication_section(args, batch, steps, rounds):
                 lines.append(f"| {model} | {k} | {variant} | {runs[0]['reductions_per_step']:.0f} | "
                              f"{runs[0]['bytes_per_step'] / 1e6:.2f} | {time:.4f} | {time / synced:.2f}x | "
                              f"{', '.join(f'{t / synced:.2f}' for t in times)} |")
+    return lines
+
+
+def fsdp_section(args, rounds):
+    """What a process holds, and how long a step takes, in ddp_full.py and fsdp.py (bench/fsdp_memory.py)."""
+    size, batch, steps = (32, 4, 2) if args.quick else (64, 16, 6)
+    lines = ["", "## 8. fsdp.py against ddp_full.py: memory per process and step time (2 processes)", "",
+             f"AdamW, {size}x{size} synthetic images, batch {batch} per process, data loading left out; the model, "
+             "its wrapping (DDP, or fsdp.py's `shard_model`) and the optimizer built with each script's own functions "
+             "(bench/fsdp_memory.py). MB held by one process: parameters, gradients (the most held after any "
+             "backward, FSDP's unsharded accumulation included), AdamW's two moments. Seconds per optimizer step: "
+             f"median of {steps} steps per round, median of {rounds} rounds (programs alternate). With K = 4 "
+             "micro-batches fsdp.py reduce-scatters each one; `skip reduce` is FSDP's alternative, "
+             "`set_requires_gradient_sync(False)` on all but the last.", "",
+             "| model | program | K | params MB | grads MB | AdamW MB | total MB | s / step | vs ddp_full | rounds |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    variants = [("ddp_full.py", 1, False), ("fsdp.py", 1, False), ("ddp_full.py", 4, False), ("fsdp.py", 4, False),
+                ("fsdp.py", 4, True)]
+    for model in ["resnet18"] if args.quick else ["resnet18", "resnet50"]:
+        measured = {v: [] for v in variants}
+        for _ in range(rounds):
+            for script, k, skip in variants:
+                cmd = [*launcher(2), str(ROOT / "bench" / "fsdp_memory.py"), "--script", script, "--model", model,
+                       "--image-size", str(size), "--batch-size", str(batch), "--accum-steps", str(k),
+                       "--steps", str(max(steps // k, 2)), "--warmup", "1", *(["--skip-reduce"] if skip else [])]
+                out = run(cmd)
+                measured[(script, k, skip)].append(json.loads(out.split("BENCH ", 1)[1].splitlines()[0])[0])
+        for script, k, skip in variants:
+            records = measured[(script, k, skip)]
+            times = [r["seconds_per_step"] for r in records]
+            ddp = [r["seconds_per_step"] for r in measured[("ddp_full.py", k, False)]]
+            first = records[0]
+            total = first["params_mb"] + first["grads_mb"] + first["optimizer_mb"]
+            name = script + (" (skip reduce)" if skip else "")
+            lines.append(f"| {model} | {name} | {k} | {first['params_mb']:.1f} | {first['grads_mb']:.1f} | "
+                         f"{first['optimizer_mb']:.1f} | {total:.1f} | {statistics.median(times):.3f} | "
+                         f"{statistics.median(t / d for t, d in zip(times, ddp)):.2f}x | "
+                         f"{', '.join(f'{t:.3f}' for t in times)} |")
     return lines
 
 

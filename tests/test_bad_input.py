@@ -14,7 +14,7 @@ import pytest
 from conftest import TINY, launch, script_traceback
 from test_validation import load_script
 
-SCRIPTS = ["single_gpu.py", "dataparallel.py", "ddp_basic.py", "ddp_amp_accum.py", "ddp_full.py"]
+SCRIPTS = ["single_gpu.py", "dataparallel.py", "ddp_basic.py", "ddp_amp_accum.py", "ddp_full.py", "fsdp.py"]
 
 
 def snapshot(directory):
@@ -190,7 +190,7 @@ def test_sync_bn_without_cuda_is_one_clear_error(tmp_path, capsys):
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("script", ["ddp_basic.py", "ddp_amp_accum.py", "ddp_full.py"])
+@pytest.mark.parametrize("script", ["ddp_basic.py", "ddp_amp_accum.py", "ddp_full.py", "fsdp.py"])
 def test_timeout_min_zero_is_one_clear_error(script, tmp_path, capsys):
     result = call_main(script, [*TINY, "--timeout-min", "0", "--out-dir", str(tmp_path)], capsys)
     assert_one_clear_error(result, script, "--timeout-min must be positive, got 0.0")

@@ -11,7 +11,7 @@ import torch
 
 from conftest import ROOT
 
-SCRIPTS = ["single_gpu.py", "dataparallel.py", "ddp_basic.py", "ddp_amp_accum.py", "ddp_full.py"]
+SCRIPTS = ["single_gpu.py", "dataparallel.py", "ddp_basic.py", "ddp_amp_accum.py", "ddp_full.py", "fsdp.py"]
 
 
 @pytest.mark.slow

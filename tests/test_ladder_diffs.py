@@ -41,8 +41,11 @@ def guard_failures(root=ROOT):
                 failures.append(f"{old} -> {new}: the manifest declares region {name!r} {kind}, but it was not")
         failures += concept_failures(old, new, entry, parsed)
         old_flags, new_flags = ladder.flags(scripts[old]), ladder.flags(scripts[new])
-        for flag in sorted(set(old_flags) - set(new_flags)):
+        # A flag goes only where the step declares why (DDP's bucket settings, where no DDP is left).
+        for flag in sorted(set(old_flags) - set(new_flags) - set(entry.get("flags_removed", {}))):
             failures.append(f"{old} -> {new}: flag {flag} disappeared or was renamed")
+        for flag in sorted(set(entry.get("flags_removed", {})) & set(new_flags)):
+            failures.append(f"{old} -> {new}: the manifest declares flag {flag} removed, but it is there")
         for flag in sorted(set(old_flags) & set(new_flags)):
             if old_flags[flag] != new_flags[flag]:
                 failures.append(f"{old} -> {new}: flag {flag} changed: {old_flags[flag]} -> {new_flags[flag]}")

@@ -86,7 +86,7 @@ def evaluate_batch(model, batch):
 '''
 # 256 sequences, 2 epochs: global batch 32 (1 x 32, 2 x 16, 2 x 8 x 2 micro-batches): 16 steps.
 ARGS = ["--epochs", "2", "--log-interval", "1000", "--lr", "0.2"]
-DDP_SCRIPTS = ["ddp_basic.py", "ddp_amp_accum.py", "ddp_full.py"]
+DDP_SCRIPTS = ["ddp_basic.py", "ddp_amp_accum.py", "ddp_full.py", "fsdp.py"]
 
 
 @pytest.fixture(scope="module")
@@ -156,3 +156,21 @@ def test_stopped_and_resumed_run_is_bitwise_a_straight_one(copies, runs, tmp_pat
     resumed = check(launch(str(copies / "ddp_full.py"), stopped, nproc=2))
     assert "step_000000005.pt: epoch 1, step 5" in resumed.stdout
     assert_bitwise_equal(straight, tmp_path)
+
+
+def test_fsdp_copy_trains_what_one_process_trains_and_validates_exactly(copies, runs):
+    # Token ids (int64) through an embedding: FSDP's policy casts floating inputs only.
+    one = run(copies, runs, "seam_basic_w1", "ddp_basic.py", ["--batch-size", "32"], None)
+    out_dir = run(copies, runs, "seam_fsdp_w2", "fsdp.py", ["--batch-size", "8", "--accum-steps", "2"], 2)
+    assert max_weight_difference(weights(one), weights(out_dir)) <= WEIGHT_ATOL
+    spec = importlib.util.spec_from_file_location("seam_fsdp_copy", copies / "fsdp.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    tokens, targets = module.make_sequences(101, 2).tensors
+    model = module.BagOfTokens(1)
+    model.load_state_dict(weights(out_dir))
+    with torch.no_grad():
+        predictions = model(tokens).double()
+    last = metrics(out_dir)[-1]
+    assert last["val_samples"] == 101
+    assert last["val_loss"] == pytest.approx(((predictions - targets) ** 2).mean().item(), rel=VAL_LOSS_RTOL)

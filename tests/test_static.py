@@ -6,7 +6,7 @@ import pytest
 from conftest import ROOT
 from test_validation import load_script
 
-SCRIPTS = ["single_gpu.py", "dataparallel.py", "ddp_basic.py", "ddp_amp_accum.py", "ddp_full.py"]
+SCRIPTS = ["single_gpu.py", "dataparallel.py", "ddp_basic.py", "ddp_amp_accum.py", "ddp_full.py", "fsdp.py"]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

@@ -34,7 +34,7 @@ def assert_no_gloo_thread_outlives_main(script, tmp_path, extra=()):
         assert left == [], f"rank {rank}: {left} still running after main() returned"
 
 
-@pytest.mark.parametrize("script", ["ddp_basic.py", "ddp_amp_accum.py", "ddp_full.py"])
+@pytest.mark.parametrize("script", ["ddp_basic.py", "ddp_amp_accum.py", "ddp_full.py", "fsdp.py"])
 def test_no_gloo_thread_outlives_main_after_a_finished_run(script, tmp_path):
     assert_no_gloo_thread_outlives_main(script, tmp_path)
 

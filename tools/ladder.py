@@ -13,7 +13,8 @@ import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LADDER = ["single_gpu.py", "dataparallel.py", "ddp_basic.py", "ddp_amp_accum.py", "ddp_full.py"]
+LADDER = ["single_gpu.py", "dataparallel.py", "ddp_basic.py", "ddp_amp_accum.py", "ddp_full.py",
+          "fsdp.py"]
 STEPS = list(zip(LADDER, LADDER[1:]))
 # What each step adds: the one concept its diff teaches.
 CONCEPTS = {
@@ -21,6 +22,7 @@ CONCEPTS = {
     "ddp_basic.py": "DistributedDataParallel under torchrun",
     "ddp_amp_accum.py": "mixed precision and gradient accumulation",
     "ddp_full.py": "exact validation, checkpoints, exact resume, clusters",
+    "fsdp.py": "fully sharded data parallel (FSDP2): parameters, gradients and optimizer state sharded",
 }
 
 

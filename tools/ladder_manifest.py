@@ -14,6 +14,7 @@ For each step (the later script of a pair):
   ahead       optional: {name: key} for a name that a section uses before the section `key`
               introduces it (one line, say, that serves both); the page says where it comes from
   flags_added the new command-line flags
+  flags_removed optional: {flag: why} for a flag the step removes (a flag otherwise lives on)
   diff_size   (lines added, lines removed) of the whole diff, as `diff -u` counts them
 The key "top" collects the docstring; a guided page shows there too the changes of the regions in
 SHOWN_AT_TOP (imports, flags and their checks), once, whatever concept each serves.
@@ -232,5 +233,72 @@ MANIFEST = {
         "flags_added": {"--resume", "--ckpt-steps", "--ckpt-epochs", "--keep-last", "--max-steps",
                         "--sync-bn", "--bucket-cap-mb", "--gradient-as-bucket-view"},
         "diff_size": (475, 81),
+    },
+    "fsdp.py": {
+        "concepts": [
+            TOP,
+            ("shard", "Sharding the model: fully_shard",
+             "Each process keeps 1/world size of every parameter; a block's full parameters are "
+             "gathered just before its forward and backward and freed after. The optimizer is built "
+             "on the shards, after sharding; at the end DTensor's caches let go of the device mesh."),
+            ("precision", "Mixed precision: FSDP's policy",
+             "Parameters are gathered in bf16 or fp16 for compute and gradients reduced in float32; "
+             "BatchNorm stays float32 in units of its own. No autocast."),
+            ("accum", "Accumulation: a reduce-scatter per micro-batch",
+             "Each backward reduce-scatters its gradients into this process's shard, so a process "
+             "never holds the whole model's gradients; no no_sync."),
+            ("clip", "Clipping by the global norm",
+             "clip_grad_norm_ over sharded gradients computes the norm of all shards together."),
+            ("validation", "The same number of forwards on every process",
+             "Every forward gathers parameters from all processes: one whose shard ran out runs a "
+             "spare forward, its result discarded."),
+            ("checkpoint", "Sharded checkpoints: torch.distributed.checkpoint",
+             "Every process writes its own shards in parallel, rank 0 the rest; the directory is "
+             "renamed into place when complete, and its shards are checked against its metadata "
+             "before a resume."),
+            ("reshard", "Resuming on another number of processes",
+             "The shards load resharded; the data goes on from the same sample of the epoch's order "
+             "and the schedule from the same fraction of the run."),
+            ("modelpt", "model.pt: the whole model on rank 0",
+             "The shards are gathered to rank 0's CPU into the plain model's state dict."),
+        ],
+        "ahead": {"precision_policies": "precision"},
+        "regions": {
+            "docstring": "top",
+            "imports": [("import shutil", "checkpoint"), ("checkpoint", "checkpoint"), ("", "shard")],
+            "RESUME_MAY_CHANGE": "shard",
+            "CHECKPOINT_NAME": "checkpoint",
+            "parse_args": [("gather the parameters", "precision"), ("", "shard")],
+            "POSITIVE": "shard",
+            "check_args": "checkpoint",
+            "ResumableDistributedSampler": "reshard",
+            "precision_policies": "precision",
+            "shard_model": "shard",
+            "shard_sizes": "shard",
+            "release_device_meshes": "shard",
+            "cleanup_distributed": "shard",
+            "train_one_epoch": [("reduce-scatter", "accum"), ("grad_norm", "clip"),
+                                ("", "reshard")],
+            "evaluate": "validation",
+            "spare_batch": "validation",
+            "TrainState": "reshard",
+            "SHARED_STATE": "reshard",
+            "save_checkpoint": "checkpoint",
+            "list_checkpoints": "checkpoint",
+            "missing_shards": "checkpoint",
+            "load_checkpoint": [("removed:world_size", "reshard"), ("", "checkpoint")],
+            "find_checkpoint": "checkpoint",
+            "agree_on_checkpoint": "checkpoint",
+            "restore": [("dcp", "checkpoint"), ("sharded", "checkpoint"), ("", "reshard")],
+            "start_or_resume": "reshard",
+            "train": [("get_model_state_dict", "modelpt"), ("atomic_save(full", "modelpt"),
+                      ("save_start", "modelpt"), ("evaluate", "validation"), ("epoch_position", "reshard"),
+                      ("start_or_resume", "reshard"), ("", "shard")],
+        },
+        "removed": {"autocast": "precision"},
+        "flags_added": set(),
+        "flags_removed": {"--bucket-cap-mb": "FSDP gathers and reduce-scatters per unit: no DDP buckets",
+                          "--gradient-as-bucket-view": "no DDP buckets to view"},
+        "diff_size": (316, 121),
     },
 }

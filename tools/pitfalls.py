@@ -416,4 +416,100 @@ PITFALLS = [
                      "            return self.dataset[(index + 1) % len(self.dataset)], "
                      "[describe_unreadable(self.dataset, index, err)]\n"),
     },
+    {
+        "title": "FSDP: a process that skips a validation forward",
+        "mistake": "letting a process whose validation shard has run out (or whose batch was all unreadable) "
+                   "skip its forward, as DDP allows",
+        "symptom": "every forward all-gathers each unit's parameters from all processes: the others wait in the "
+                   "gather until the collective timeout (gloo: 30 minutes) and the job dies",
+        "correct": "every process runs as many forwards (the longest shard's batches); without a batch, one on a "
+                   "spare batch, its result discarded",
+        "fix": [("fsdp.py", "            evaluate_batch(model, spare)")],
+        "guards": ["tests/test_fsdp.py::test_fsdp_sharded_validation_with_uneven_shards_equals_one_process_evaluation"],
+        "mutation": ("fsdp.py", "            evaluate_batch(model, spare)\n", "            pass\n"),
+    },
+    {
+        "title": "FSDP: the optimizer built before sharding",
+        "mistake": "building the optimizer on the model, then calling `fully_shard`",
+        "symptom": "fully_shard puts new sharded parameters (DTensors) in the model's place; the optimizer holds "
+                   "the old ones, which never get a gradient: the weights never change, silently, until the first "
+                   "checkpoint stops the run with a bare `KeyError: 0`",
+        "correct": "shard first, then build the optimizer on `model.parameters()`",
+        "fix": [("fsdp.py", "    optimizer = build_optimizer(args, model)")],
+        "guards": ["tests/test_fsdp.py::test_fsdp_on_2_processes_with_accumulation_trains_what_one_process_trains"],
+        "mutation": ("fsdp.py",
+                     "    units = shard_model(args, model, device, world_size)\n"
+                     "    # After sharding: the optimizer must hold the sharded parameters (DTensors) that fully_shard\n"
+                     "    # put in the model's place; built before, it would step the freed full ones.\n"
+                     "    optimizer = build_optimizer(args, model)\n",
+                     "    optimizer = build_optimizer(args, model)\n"
+                     "    units = shard_model(args, model, device, world_size)\n"),
+    },
+    {
+        "title": "FSDP: a sharded state dict saved with torch.save by rank 0",
+        "mistake": "checkpointing `model.state_dict()` (and the optimizer's) with `torch.save` on rank 0, as DDP does",
+        "symptom": "rank 0's state dict holds rank 0's shards only: the rest of the model and its optimizer state "
+                   "are never written, and no resume is possible",
+        "correct": "`torch.distributed.checkpoint.save` on every process: each writes its own shards, rank 0 the "
+                   "metadata that lets any number of processes read them back",
+        "fix": [("fsdp.py", 'dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp)')],
+        "guards": ["tests/test_fsdp.py::test_fsdp_resume_mid_epoch_and_at_an_epoch_boundary_is_bitwise"],
+        "mutation": ("fsdp.py", 'dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp)',
+                     'rank == 0 and torch.save({"model": model_state, "optimizer": optimizer_state}, '
+                     'tmp / "state.pt")'),
+    },
+    {
+        "title": "FSDP: each shard clipped by its own norm",
+        "mistake": "computing the gradient norm from each process's local shards (`p.grad.to_local()`) and "
+                   "clipping by it",
+        "symptom": "each process scales its part of the gradient by another factor: the update is no longer the "
+                   "clipped global gradient, and differs from DDP's",
+        "correct": "`clip_grad_norm_(model.parameters(), ...)` over the sharded (DTensor) gradients: the global "
+                   "norm, the same on every process",
+        "fix": [("fsdp.py", "grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)")],
+        "guards": ["tests/test_fsdp.py::test_fsdp_clips_by_the_global_norm_as_ddp_full_does"],
+        "mutation": ("fsdp.py", "grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)",
+                     "local = torch.nn.utils.get_total_norm([p.grad.to_local() for p in model.parameters()])\n"
+                     "                for p in model.parameters():\n"
+                     "                    p.grad.to_local().mul_(torch.clamp(args.clip_grad_norm / (local + 1e-6), "
+                     "max=1.0))\n"
+                     "                grad_norm = torch.distributed.tensor.DTensor.from_local(local, "
+                     "p.grad.device_mesh)"),
+    },
+    {
+        "title": "FSDP: BatchNorm under a bf16 parameter policy",
+        "mistake": "one bf16 `MixedPrecisionPolicy` for the whole model, BatchNorm included",
+        "symptom": "on CPU: \"expected scalar type BFloat16 but found Float\" in the first forward (bf16 weights "
+                   "beside BatchNorm's float32 running statistics, which FSDP does not cast)",
+        "correct": "each BatchNorm a unit of its own with a float32 policy that gives its output back in bf16",
+        "fix": [("fsdp.py", "    if norm_policy is not None:")],
+        "guards": ["tests/test_fsdp.py::test_fsdp_low_precision_trains_resnet18_with_its_batchnorm"],
+        "mutation": ("fsdp.py", "    if norm_policy is not None:", "    if False:"),
+    },
+    {
+        "title": "FSDP: the data position counted in this run's processes",
+        "mistake": "resuming mid-epoch by skipping steps x accumulation x batch x the *current* number of "
+                   "processes (or each process's own share, as ddp_full.py does)",
+        "symptom": "on as many processes as before, exact; on another number, samples of the epoch are skipped "
+                   "or seen twice",
+        "correct": "keep the position in the epoch's order as the samples all processes consumed "
+                   "(`epoch_position`), and deal the rest of the order afresh to this run's processes",
+        "fix": [("fsdp.py", "train_loader.sampler.set_start(state.epoch_position)")],
+        "guards": ["tests/test_fsdp.py::test_fsdp_resumes_on_4_then_3_processes_resharded_at_the_same_sample"],
+        "mutation": ("fsdp.py", "train_loader.sampler.set_start(state.epoch_position)",
+                     "train_loader.sampler.set_start(state.step_in_epoch * args.accum_steps * args.batch_size "
+                     "* world_size)"),
+    },
+    {
+        "title": "FSDP: model.pt saved from rank 0's state_dict()",
+        "mistake": "`torch.save(model.state_dict())` on rank 0 of a sharded model",
+        "symptom": "rank 0's DTensor shards, not the model: the file does not load into the plain model",
+        "correct": "`get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))` "
+                   "on every process: rank 0 receives the whole model on its CPU, with the plain model's keys",
+        "fix": [("fsdp.py", "full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,")],
+        "guards": ["tests/test_fsdp.py::test_fsdp_on_2_processes_with_accumulation_trains_what_one_process_trains"],
+        "mutation": ("fsdp.py", "full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,\n"
+                                "                                                                cpu_offload=True))",
+                     "full = model.state_dict()"),
+    },
 ]
