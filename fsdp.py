@@ -33,7 +33,6 @@ import argparse
 import dataclasses
 import datetime
 import gc
-import itertools
 import json
 import math
 import os
@@ -765,9 +764,10 @@ class ResumableDistributedSampler(DistributedSampler):
     def __iter__(self):
         # DistributedSampler's order for (seed, epoch), dealt as it deals it: every num_replicas-th
         # sample from position rank, padded with the order's first samples until it divides
-        # evenly. Dealt from `start`, which the old number of processes divides, it is the tail of
-        # DistributedSampler's: a resume on as many processes is exact. On another number, the
-        # rest of the epoch is dealt afresh: every sample not yet seen, once.
+        # evenly. On as many processes as before, `start` is a multiple of their number and this
+        # is the tail of DistributedSampler's own dealing: the resume is exact. On another number,
+        # the rest of the order is dealt afresh: each sample not yet trained on, once (padded as
+        # DistributedSampler pads).
         if self.shuffle:
             generator = torch.Generator().manual_seed(self.seed + self.epoch)
             order = torch.randperm(len(self.dataset), generator=generator).tolist()
@@ -1037,7 +1037,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
         group_size = min(args.accum_steps, num_batches - group_start)
         last_in_group = batch_index == group_start + group_size - 1
         # Every micro-batch's backward reduce-scatters its gradients into this process's shard,
-        # where they are summed: the process holds 1/world size of the gradients throughout. (FSDP
+        # where they are summed: between micro-batches a process holds 1/world size of them. (FSDP
         # can skip it until the group's last, set_requires_gradient_sync(False), like DDP's
         # no_sync: K times fewer bytes sent, but every process then holds the whole model's
         # gradients in float32 between micro-batches -- DDP's memory, what sharding is for.)
@@ -1244,8 +1244,8 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
     """Write everything an exact resume needs; every process writes its own shards, in parallel,
     and rank 0 the rest. The checkpoint appears under its name only when all of it is written."""
     if state.global_step == 0:
-        # Stopped before the first optimizer step: starting afresh is this very point, and the
-        # optimizer has no state yet, which a resume could load.
+        # Stopped before the first optimizer step: a fresh start is this very point, and the
+        # optimizer has no state yet for a checkpoint to hold.
         log("stopped before the first optimizer step: nothing to checkpoint")
         return
     start, rank = time.perf_counter(), dist.get_rank()
@@ -1262,14 +1262,18 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
     tmp = ckpt_dir / f".{path.name}.tmp"
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)  # what a write cut short left
-        tmp.mkdir(parents=True)
     dist.barrier()
+    tmp.mkdir(parents=True, exist_ok=True)  # by every process: each writes its own file there
     # Sharded state dicts: each process's DTensors hold its shards. dcp.save writes them, one file
     # per process, and rank 0 the .metadata that says where each shard of each tensor lies, so any
     # number of processes can read them back. (torch.save on one process would keep its shards
     # alone.) It returns on every process once all is written.
     model_state, optimizer_state = get_state_dict(model, optimizer)
     dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp)
+    # Each process writes into --out-dir on its own node: the checkpoint is whole only where all
+    # nodes see one file system. Rank 0 must find every shard, or every process stops.
+    rank0_only(rank, check_shards, tmp, "; every node must write to the same --out-dir, on a file "
+               "system all nodes see")
     if rank != 0:
         return
     checkpoint = {
@@ -1303,18 +1307,19 @@ def list_checkpoints(ckpt_dir):
     return [p for _, p in sorted(found, reverse=True)]
 
 
-def missing_shards(path):
-    """Why a checkpoint's shards cannot all be read (a file gone or cut short), or None: checked
-    against the sizes in its .metadata, before anything is loaded."""
+def check_shards(path, advice=""):
+    """A ConfigError unless every shard file the checkpoint's .metadata names is there, whole
+    (checked against the sizes it records, before anything is loaded)."""
     try:
         metadata = dcp.FileSystemReader(path).read_metadata()
         for info in metadata.storage_data.values():
             size = (Path(path) / info.relative_path).stat().st_size
             if size < info.offset + info.length:
-                return f"{info.relative_path} is cut short ({size} bytes)"
+                raise ConfigError(f"checkpoint {path} cannot be read: {info.relative_path} is cut "
+                                  f"short ({size} bytes){advice}")
     except (OSError, ValueError, EOFError, pickle.UnpicklingError) as err:
-        return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return None
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"checkpoint {path} cannot be read: {reason}{advice}") from None
 
 
 def load_checkpoint(path, args):
@@ -1330,9 +1335,7 @@ def load_checkpoint(path, args):
         raise ConfigError(f"checkpoint {path} cannot be read: {reason}") from None
     if not isinstance(checkpoint, dict) or "rank_states" not in checkpoint:
         raise ConfigError(f"checkpoint {path} was not written by this script")
-    missing = missing_shards(path)
-    if missing is not None:
-        raise ConfigError(f"checkpoint {path} cannot be read: {missing}")
+    check_shards(path)
     settings, saved = vars(args), checkpoint["config"]
     may_change = RESUME_MAY_CHANGE + RESUME_MAY_CHANGE_TASK
     if args.lr_schedule == "constant":
@@ -1478,9 +1481,9 @@ def train(args):
         # Every process reads the weights (rank 0 first, to stop all on a bad file): fully_shard
         # keeps each process's own slice of its own copy and broadcasts nothing.
         rank0_first(rank, init_weights_from, args, model)
-    # The weights stay in their own memory order (fully_shard takes contiguous parameters only);
-    # with --channels-last the inputs' order carries on through every convolution after the first.
-    model = model.to(device)
+    # The model stays on the CPU: fully_shard moves each unit to this process's device as it shards
+    # it, so a GPU never holds more than one unit whole. The weights keep their memory order
+    # (fully_shard takes contiguous parameters only); --channels-last reorders the inputs alone.
     log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
     if args.compile:
         # In place, before fully_shard: the state dict keys stay the model's own (no "_orig_mod.").
@@ -1567,8 +1570,8 @@ def train(args):
         return stop_run(args, stop, model, optimizer, scheduler, scaler, state, preemption)
 
     save_start = time.perf_counter()
-    # The whole model, gathered from every process's shards to rank 0 alone, on its CPU (another
-    # process would hold it all on its GPU): its keys are the plain model's, and load into it.
+    # The whole model, gathered from every process's shards to rank 0 alone, on its CPU (the whole
+    # model may not fit its GPU): its keys are the plain model's, and load into it.
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
                                                                 cpu_offload=True))
     if rank == 0:

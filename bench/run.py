@@ -115,8 +115,8 @@ def main(argv=None):
     lines = ["# Benchmark results", "",
              f"Measured by `{' '.join(['bench/run.py', *(sys.argv[1:] if argv is None else argv)])}` on {datetime.date.today()}: "
              f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, CPU only, "
-             f"torch {__import__('torch').__version__}, OMP_NUM_THREADS=1 per process. Model: the small CNN, "
-             f"batch {batch} per process, synthetic data in memory.", "",
+             f"torch {__import__('torch').__version__}, OMP_NUM_THREADS=1 per process. Model, where a section "
+             f"does not name its own: the small CNN, batch {batch} per process, synthetic data in memory.", "",
              "**Read with care.** Every single measurement stands beside its median. Where the measurements of "
              "one ratio fall on both sides of 1.0 (or of each other), the medians are a tie at this machine's "
              "noise, not a difference.", ""]

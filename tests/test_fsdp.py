@@ -14,6 +14,7 @@ show: the samples each process trains on, the sizes of its shards, and the state
 """
 import json
 import os
+import re
 import shutil
 import signal
 import time
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 from conftest import TINY, TRAIN_SAMPLES, check, command, launch, metrics, weights
 from test_amp import AMP_FINAL_LOSS_ATOL, LEARNING, MIN_LOSS_DROP
 from test_bad_input import assert_one_clear_error, call_main
-from test_cluster import RESTART_ENV, children, output, readme_restart_command, start
+from test_cluster import RESTART_ENV, children, free_port, output, readme_restart_command, start
 from test_equivalence import GLOBAL_BATCH, assert_same_training
 from test_resume import assert_bitwise_equal
 from test_validation import BATCHNORM, VAL_LOSS_RTOL, assert_matches_reference, load_script
@@ -257,3 +258,56 @@ def test_fsdp_killed_worker_is_restarted_and_the_run_ends_bitwise_as_if_never_ki
     log = output(out_dir)
     assert "exitcode: -9" in log and "resumed from" in log, log[-3000:]
     assert_bitwise_equal(reference, out_dir)
+
+
+@pytest.mark.slow
+def test_fsdp_sigterm_through_torchrun_checkpoints_at_an_agreed_step_and_resume_is_bitwise(runs, tmp_path):
+    long = ["--train-samples", "512", "--batch-size", "8", "--ckpt-steps", "10"]
+    reference = runs.get("fsdp_long_w2", "fsdp.py", long, nproc=2)
+    out_dir = tmp_path / "preempted"
+    process = start(command("fsdp.py", [*TINY, *long, "--out-dir", str(out_dir)], nproc=2), out_dir)
+    deadline = time.monotonic() + 120
+    while not [p for p in (out_dir / "checkpoints").glob("step_*") if p.is_dir()]:
+        assert process.poll() is None and time.monotonic() < deadline, output(out_dir)[-3000:]
+        time.sleep(0.02)
+    os.kill(process.pid, signal.SIGTERM)  # what SLURM or Kubernetes sends first
+    process.wait(timeout=120)
+    stop = re.search(r"preempted at step (\d+): checkpoint written", output(out_dir))
+    assert stop, output(out_dir)[-3000:]
+    assert (out_dir / "checkpoints" / f"step_{int(stop.group(1)):09d}" / ".metadata").exists()
+    assert not (out_dir / "model.pt").exists()
+    check(launch("fsdp.py", [*TINY, *long, "--out-dir", str(out_dir)], nproc=2))
+    assert_bitwise_equal(reference, out_dir)
+
+
+def two_nodes(tmp_path, out_dirs, args):
+    port, processes = free_port(), []
+    for node, out_dir in enumerate(out_dirs):
+        cmd = command("fsdp.py", [*TINY, *args, "--out-dir", str(out_dir)])
+        cmd[1:2] = ["-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=2", "--rdzv-backend=c10d",
+                    f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=fsdp-two-nodes", cmd[1]]
+        processes.append(start(cmd, tmp_path / f"node{node}"))
+    return [process.wait(timeout=240) for process in processes]
+
+
+@pytest.mark.slow
+def test_fsdp_two_nodes_of_two_processes_on_one_file_system_train_as_one_node_of_four(runs, tmp_path):
+    one_node = runs.get("fsdp_w4_b4", "fsdp.py", ["--batch-size", "4"], nproc=4)
+    shared = tmp_path / "shared"  # every process writes its shards here: one file system for all
+    assert two_nodes(tmp_path, [shared, shared], ["--batch-size", "4"]) == [0, 0], output(tmp_path / "node0")[-3000:]
+    assert "global batch 16 = 4 per process x 4 processes" in output(tmp_path / "node0")
+    assert sorted(p.name for p in (shared / "checkpoints" / "step_000000024").glob("*.distcp")) == \
+        [f"__{rank}_0.distcp" for rank in range(4)]
+    assert_bitwise_equal(one_node, shared)
+
+
+@pytest.mark.slow
+def test_fsdp_nodes_that_write_to_different_disks_stop_at_the_first_checkpoint_with_one_line(tmp_path):
+    # Each node its own disk: node 1's processes write their shards where rank 0 cannot see them.
+    statuses = two_nodes(tmp_path, [tmp_path / "disk0", tmp_path / "disk1"], ["--batch-size", "4"])
+    assert statuses == [1, 1], statuses  # torchrun reports its workers' exit 2 as 1
+    log = output(tmp_path / "node0")
+    errors = [line for line in log.splitlines() if "fsdp.py: error:" in line]
+    assert len(errors) == 1, log[-3000:]
+    assert "every node must write to the same --out-dir" in errors[0], errors[0]
+    assert not list((tmp_path / "disk0" / "checkpoints").glob("step_*")), "a checkpoint without all its shards"
