@@ -64,3 +64,19 @@ def test_gpu_check_without_cuda_is_one_clear_error_and_writes_nothing(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip() == "gpu_check: no CUDA device visible"
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_benchmark_fsdp_section_measures_half_the_memory_per_process_at_two_processes(tmp_path):
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--quick", "--sections", "fsdp",
+                             "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {tuple(cell.strip() for cell in line.split("|")[2:4]): line.split("|")
+            for line in (tmp_path / "results.md").read_text().splitlines() if line.startswith("| resnet18 |")}
+    ddp, fsdp, skip = rows[("ddp_full.py", "4")], rows[("fsdp.py", "4")], rows[("fsdp.py (skip reduce)", "4")]
+    # Bytes of tensors, not timings: each process holds half of every parameter and moment, and the
+    # variant that skips reduction holds the whole model's gradients between micro-batches.
+    for column in (4, 6):  # parameters, AdamW's moments
+        assert abs(float(fsdp[column]) - float(ddp[column]) / 2) <= 0.01 * float(ddp[column])
+    assert float(fsdp[5]) < float(skip[5]) == float(ddp[5])
+    assert float(fsdp[8]) > 0 and float(ddp[8]) > 0  # seconds per step: measured, whatever they are

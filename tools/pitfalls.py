@@ -512,4 +512,16 @@ PITFALLS = [
                                 "                                                                cpu_offload=True))",
                      "full = model.state_dict()"),
     },
+    {
+        "title": "FSDP: DTensor's caches keep the process group alive",
+        "mistake": "destroying the process group with DTensor's caches of sharding plans still full",
+        "symptom": "the caches hold the device mesh, and the mesh its process group: its gloo threads run on "
+                   "after destroy_process_group() until the interpreter's exit, where they can abort a finished "
+                   "run (\"terminate called without an active exception\")",
+        "correct": "empty the caches first (`release_device_meshes` in `cleanup_distributed`), as torch's own "
+                   "tests do",
+        "fix": [("fsdp.py", "    release_device_meshes()")],
+        "guards": ["tests/test_teardown.py::test_no_gloo_thread_outlives_main_after_a_finished_run[fsdp.py]"],
+        "mutation": ("fsdp.py", "    release_device_meshes()\n    gc.collect()\n", "    gc.collect()\n"),
+    },
 ]
