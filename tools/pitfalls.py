@@ -521,7 +521,7 @@ PITFALLS = [
         "correct": "empty the caches first (`release_device_meshes` in `cleanup_distributed`), as torch's own "
                    "tests do",
         "fix": [("fsdp.py", "    release_device_meshes()")],
-        "guards": ["tests/test_teardown.py::test_no_gloo_thread_outlives_main_after_a_finished_run[fsdp.py]"],
+        "guards": ["tests/test_teardown.py::test_no_gloo_thread_outlives_main_after_a_finished_run"],
         "mutation": ("fsdp.py", "    release_device_meshes()\n    gc.collect()\n", "    gc.collect()\n"),
     },
 ]
