@@ -1,4 +1,5 @@
-"""--compile: the model compiled in place, before DDP wraps it (second tier: compiling takes a minute).
+"""--compile: the model compiled in place, before DDP wraps it or fsdp.py shards it (second tier: compiling
+takes a minute).
 
 What is counted comes from dynamo's own counters in each training process (tests/count_allreduces.py):
 graphs captured, and the reasons it compiled again. Measured for the CNN in the accumulation run (every
@@ -76,3 +77,16 @@ def test_a_checkpoint_resumes_across_compile_and_eager(runs, tmp_path, first, th
     resumed = run_full(tmp_path, *FULL, *then)
     assert "step_000000005.pt: epoch 1, step 5" in resumed.stdout
     assert_same_training(reference, tmp_path)
+
+
+def test_fsdp_compiled_before_sharding_captures_the_model_and_trains_what_eager_fsdp_trains(runs):
+    # fsdp.py compiles the model in place, then shards it: its units' gathers and reduce-scatters run
+    # in FSDP's hooks around the compiled code. 2 processes x 4 x 2 micro-batches, as test_fsdp.py.
+    args = ["--batch-size", "4", "--accum-steps", "2"]
+    eager = runs.get("fsdp_accum_w2", "fsdp.py", args, nproc=2)
+    counts_dir = runs.root / "fsdp_accum_w2_compiled-counts"
+    compiled = runs.get("fsdp_accum_w2_compiled", "tests/count_allreduces.py", [*args, "--compile"], nproc=2,
+                        env={"COUNT_SCRIPT": "fsdp.py", "COUNT_DIR": str(counts_dir)})
+    for rank in (0, 1):
+        assert json.loads((counts_dir / f"rank{rank}.json").read_text())["graphs"] >= 1
+    assert_same_training(eager, compiled)  # model.pt's keys too: the plain model's, no "_orig_mod."
