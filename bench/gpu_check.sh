@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The prepared GPU check (about 5 minutes on one GPU): what CPU tests can only stand in for.
+# The prepared GPU check (about 7 minutes on one GPU): what CPU tests can only stand in for.
 #   1. every ladder script for a few steps on CUDA: nccl, set_device, pinned memory, channels-last,
 #      TF32 and cudnn.benchmark, fp16 with a GradScaler, bf16, --sync-bn, a torchvision model
 #   2. ddp_full.py stopped after 4 steps and resumed (its random states restored on the GPU) ends
@@ -8,7 +8,7 @@
 #   4. samples/s of ddp_full.py against the bare loop on resnet50, bf16, channels-last, and each
 #      speed setting on and off; ddp_full.py with --compile (compile time, steady speed, peak memory)
 #   5. fsdp.py: bf16 and fp16 policies (BatchNorm in float32 units) with accumulation and clipping
-#      over nccl, stopped and resumed within 1e-3, its validation against model.pt, and resnet50's
+#      over nccl, --sync-bn, stopped and resumed within 1e-3, its validation against model.pt, and resnet50's
 #      samples/s and peak memory beside ddp_full.py's
 #   6. the README's test command, pinned to the CPU by the suite itself
 # Writes gpu_results.md and each check's log into the folder given as $1 (default: docs/bench).
@@ -80,6 +80,7 @@ check validation_matches $PY bench/gpu_eval_check.py "$TMP/7" --val-samples 500
 check fsdp_bf16          "${TR[@]}" fsdp.py "${SMALL[@]}" --amp bf16 --out-dir "$TMP/12"
 check fsdp_fp16_accum    "${TR[@]}" fsdp.py "${SMALL[@]}" --amp fp16 --accum-steps 2 --clip-grad-norm 1 \
     --out-dir "$TMP/13"
+check fsdp_sync_bn       "${TR[@]}" fsdp.py "${SMALL[@]}" --sync-bn --out-dir "$TMP/16"
 check fsdp_stop          "${TR[@]}" fsdp.py "${SMALL[@]}" --amp bf16 --max-steps 4 --out-dir "$TMP/14"
 check fsdp_resume        "${TR[@]}" fsdp.py "${SMALL[@]}" --amp bf16 --out-dir "$TMP/14"
 check fsdp_resume_matches $PY -c "import torch,sys; a=torch.load(sys.argv[1]); b=torch.load(sys.argv[2]); \

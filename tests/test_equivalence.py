@@ -11,6 +11,8 @@ run the very same arithmetic and must be bitwise equal.
 """
 import json
 
+import pytest
+
 from conftest import TRAIN_SAMPLES, max_weight_difference, metrics, run_ok, weights
 from test_resume import FP16_ACCUM  # the same arguments, so the shared run cache serves both files
 
@@ -62,6 +64,7 @@ def test_ddp_amp_accum_with_default_flags_is_bitwise_ddp_basic(runs):
     assert_same_training(basic, accum, atol=0.0)
 
 
+@pytest.mark.slow  # three fp16 runs with accumulation, about 30 s: the first tier keeps to 5 minutes
 def test_ddp_bucket_flags_reach_ddp_and_leave_the_weights_bitwise_unchanged(runs, tmp_path):
     # 10 KB buckets split the model's 0.23 MB of gradients into many all-reduces, and the gradients
     # become views into them, through what touches gradients most: no_sync accumulation, fp16 loss
