@@ -1268,6 +1268,11 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
     # per process, and rank 0 the .metadata that says where each shard of each tensor lies, so any
     # number of processes can read them back. (torch.save on one process would keep its shards
     # alone.) It returns on every process once all is written.
+    # Buffers (BatchNorm's running statistics) are not sharded, and each process has updated its
+    # own: dcp.save keeps one copy, from whichever process its plan picks. Rank 0's, those of the
+    # model validated and saved, go to every process first, so the copy kept is rank 0's.
+    for buffer in model.buffers():
+        dist.broadcast(buffer, src=0)
     model_state, optimizer_state = get_state_dict(model, optimizer)
     dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp)
     # Each process writes into --out-dir on its own node: the checkpoint is whole only where all

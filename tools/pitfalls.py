@@ -524,4 +524,17 @@ PITFALLS = [
         "guards": ["tests/test_teardown.py::test_no_gloo_thread_outlives_main_after_a_finished_run"],
         "mutation": ("fsdp.py", "    release_device_meshes()\n    gc.collect()\n", "    gc.collect()\n"),
     },
+    {
+        "title": "FSDP: a sharded checkpoint keeps some process's BatchNorm statistics",
+        "mistake": "saving BatchNorm's running statistics as they are in each process",
+        "symptom": "buffers are not sharded and each process has updated its own; dcp.save keeps one copy, from "
+                   "whichever process its plan picks: a resumed resnet18 validated differently (loss 11.884 "
+                   "against 11.957)",
+        "correct": "broadcast rank 0's buffers (the statistics validated and saved) before the sharded save",
+        "fix": [("fsdp.py", "    # own: dcp.save keeps one copy, from whichever process its plan picks. Rank 0's, those of the")],
+        "guards": ["tests/test_fsdp.py::test_fsdp_resume_of_resnet18_is_bitwise_its_batchnorm_statistics_rank_0s"],
+        "mutation": ("fsdp.py", "    for buffer in model.buffers():\n        dist.broadcast(buffer, src=0)\n"
+                                "    model_state, optimizer_state = get_state_dict(model, optimizer)\n",
+                     "    model_state, optimizer_state = get_state_dict(model, optimizer)\n"),
+    },
 ]
