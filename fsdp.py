@@ -90,6 +90,9 @@ UNREADABLE = (OSError, SyntaxError)
 # Consecutive unreadable samples a training sample may skip to find a readable one: more, and
 # the data set is broken, not a file in it.
 MAX_UNREADABLE_IN_A_ROW = 16
+# The exit status of a write that failed (a full disk, a permission): EX_IOERR, which a requeueing
+# script can tell from bad input (2) and a crash (1). Free some space, then run the same command.
+EXIT_WRITE_FAILED = 74
 
 
 # --- your data and model ------------------------------------------------------------------------
@@ -275,7 +278,52 @@ def evaluate_batch(model, batch):
 # --- config -------------------------------------------------------------------------------------
 
 class ConfigError(Exception):
-    """Bad input from the user: reported as one line and a non-zero exit, never as a traceback."""
+    """An error the user can act on: reported as one line and a non-zero exit, never as a traceback.
+
+    Bad input is met by every process alike: rank 0 alone reports it. An error that one process met
+    and its peers may not have (a GPU it cannot see, a file it cannot write) names that process's
+    rank: that process reports it, and the peers it stopped say nothing.
+    """
+
+    def __init__(self, message, status=2, rank=None):
+        super().__init__(message)
+        self.status, self.rank = status, rank
+
+
+def no_pretrained_weights(args):
+    raise ConfigError("this task has no pretrained weights for --init-from pretrained: define "
+                      "pretrained_weights(args) in the section \"your data and model\"")
+
+
+# What the rest of the script takes from the section "your data and model": each name, what it
+# must be, and the default that a section without it gets (REQUIRED: none, the script stops).
+REQUIRED = object()
+TASK_HOOKS = {
+    "build_datasets": ("build_datasets(args) returns (train_set, val_set, num_outputs)", REQUIRED),
+    "build_model": ("build_model(args, num_outputs) returns the model", REQUIRED),
+    "batch_loss": ("batch_loss(model, batch) returns (the mean loss to train on, the batch's "
+                   "sample count)", REQUIRED),
+    "evaluate_batch": ("evaluate_batch(model, batch) returns (the batch's sums of EVAL_METRICS, "
+                       "its sample count)", REQUIRED),
+    "EVAL_METRICS": ("EVAL_METRICS names the metrics whose sums evaluate_batch returns", REQUIRED),
+    "add_task_arguments": ("add_task_arguments(parser) adds the task's flags",
+                           lambda parser: None),
+    "pretrained_weights": ("pretrained_weights(args) returns the state dict of --init-from "
+                           "pretrained", no_pretrained_weights),
+    "channels_last_pays": ("channels_last_pays(args, device) says whether channels-last memory "
+                           "order speeds the model up", lambda args, device: False),
+    "RESUME_MAY_CHANGE_TASK": ("flags a resumed run may change", ()),
+}
+
+
+def check_task():
+    """Before any work: a hook the section lacks gets its default, or stops the script in one line
+    that names it (a copy of the section made before the hook existed has no such name)."""
+    for name, (what, default) in TASK_HOOKS.items():
+        if name not in globals():
+            if default is REQUIRED:
+                raise ConfigError(f"the section \"your data and model\" has no {name}: {what}")
+            globals()[name] = default
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -429,10 +477,10 @@ def peak_memory(device):
     return f" | peak memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB"
 
 
-def write_metrics(path, record):
-    """Append one JSON object per line: a file that survives a crash up to its last full line."""
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
+def write_metrics(path, history):
+    """Write one JSON object per epoch, a line each, as a whole new file (atomic_save): a crash or a
+    full disk leaves the previous version, never half a line."""
+    atomic_save("".join(json.dumps(record) + "\n" for record in history).encode(), path)
 
 
 def log_recipe(args):
@@ -484,8 +532,9 @@ def setup_distributed(args):
     local_rank = int(os.environ.get("LOCAL_RANK", args.local_rank or 0))
     if torch.cuda.is_available():
         if local_rank >= torch.cuda.device_count():
+            # Met by the processes of too high a local rank only: each says so, naming its rank.
             raise ConfigError(f"local rank {local_rank} but only {torch.cuda.device_count()} GPUs "
-                              f"are visible: start at most one process per GPU")
+                              f"are visible: start at most one process per GPU", rank=rank)
         # One GPU per process: set_device makes "cuda" mean this process's GPU, for nccl too.
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
@@ -515,10 +564,10 @@ def rank0_only(rank, function, *args):
         try:
             result = function(*args)
         except ConfigError as err:
-            verdict = [str(err)]
+            verdict = [(str(err), err.status, err.rank)]
     dist.broadcast_object_list(verdict, src=0)
     if verdict[0] is not None:
-        raise ConfigError(verdict[0])
+        raise ConfigError(*verdict[0])
     return result
 
 
@@ -1188,18 +1237,49 @@ def prepare_out_dir(args):
 
 
 def atomic_save(obj, path):
-    """Write to a temporary file, then rename: a reader sees the old file or the new, never half."""
+    """Write obj (bytes, or what torch.save takes) to a temporary file, then rename: a reader sees
+    the old file or the new, never half. A write that fails leaves the old file and no temporary
+    one, and is a ConfigError (write_error)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:
-            torch.save(obj, f)
+            f.write(obj) if isinstance(obj, bytes) else torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except (OSError, RuntimeError) as err:
+        # torch.save reports a write that its file refused as a RuntimeError ("unexpected pos"),
+        # raised while the OSError (errno 28: no space left) is handled.
+        cause = err if isinstance(err, OSError) else err.__context__
+        if not isinstance(cause, OSError):
+            raise
+        raise write_error(path, cause) from None
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def write_error(path, err):
+    """A file that cannot be written (a full disk, a permission), as one line: which, why, the
+    space left on its file system. Written files are replaced whole or not at all (atomic_save)."""
+    return ConfigError(f"cannot write {path}: {err.strerror or err} ({free_space(path)}); the "
+                       f"files already in --out-dir are whole", status=EXIT_WRITE_FAILED)
+
+
+def free_space(path):
+    try:
+        return f"{shutil.disk_usage(Path(path).parent).free / 2**20:.2f} MiB free there"
+    except OSError:
+        return "free space unknown"
+
+
+def what_is_intact(args):
+    """After a write that failed: what the same command, run again, starts from."""
+    newest = list_checkpoints(Path(args.out_dir) / "checkpoints")[:1]
+    start = f"the newest complete checkpoint is {newest[0]}" if newest else "no checkpoint yet"
+    return f"{start}: free some space, then run the same command again"
 
 
 @dataclasses.dataclass
@@ -1274,13 +1354,25 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
     for buffer in model.buffers():
         dist.broadcast(buffer, src=0)
     model_state, optimizer_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp)
+    try:
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp)
+    except dcp.api.CheckpointException as err:
+        # dcp.save hands every process the failures of all (a shard that a full disk cut short):
+        # those that failed say so, rank 0 removes the partial directory, and all stop here.
+        failed = sorted(err.failures)
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if rank not in failed:
+            raise ConfigError("", status=EXIT_WRITE_FAILED, rank=failed[0]) from None
+        cause = err.failures[rank][0]  # torch.save's RuntimeError, if the disk filled mid-file
+        reason = cause.strerror if isinstance(cause, OSError) else \
+            f"the write was cut short ({str(cause).strip().splitlines()[0]})"
+        raise ConfigError(f"cannot write its shards of {path}: {reason} ({free_space(tmp)})",
+                          status=EXIT_WRITE_FAILED, rank=rank) from None
     # Each process writes into --out-dir on its own node: the checkpoint is whole only where all
     # nodes see one file system. Rank 0 must find every shard, or every process stops.
     rank0_only(rank, check_shards, tmp, "; every node must write to the same --out-dir, on a file "
                "system all nodes see")
-    if rank != 0:
-        return
     checkpoint = {
         # The schedule's position: without it a resumed run would warm up again from step 0.
         "scheduler": scheduler.state_dict(),
@@ -1290,16 +1382,23 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
         "config": vars(args),
         "rank_states": gathered,
     }
-    atomic_save(checkpoint, tmp / "train_state.pt")
-    # A directory is renamed in one step, but not onto one that exists: one written at the same
-    # step before (a stop right after a --ckpt-steps checkpoint) goes aside first.
-    old = ckpt_dir / f".{path.name}.old"
-    if path.exists():
-        os.replace(path, old)
-    os.replace(tmp, path)
-    shutil.rmtree(old, ignore_errors=True)
-    for old in list_checkpoints(ckpt_dir)[args.keep_last:]:
-        shutil.rmtree(old)
+    # Rank 0 writes; the others wait for its verdict: a write that fails stops every process here.
+    try:
+        rank0_only(rank, atomic_save, checkpoint, tmp / "train_state.pt")
+    except ConfigError:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)  # a partial checkpoint is no checkpoint
+        raise
+    if rank == 0:
+        # A directory is renamed in one step, but not onto one that exists: one written at the same
+        # step before (a stop right after a --ckpt-steps checkpoint) goes aside first.
+        old = ckpt_dir / f".{path.name}.old"
+        if path.exists():
+            os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+        for old in list_checkpoints(ckpt_dir)[args.keep_last:]:
+            shutil.rmtree(old)
     where = f"end of epoch {state.epoch}" if state.step_in_epoch == 0 else \
         f"epoch {state.epoch + 1} step {state.step_in_epoch}"
     log(f"checkpoint {path} ({where}) in {time.perf_counter() - start:.2f} s")
@@ -1450,10 +1549,9 @@ def start_or_resume(args, checkpoint, path, model, optimizer, scheduler, scaler,
     return state
 
 
-def stop_run(args, stop, model, optimizer, scheduler, scaler, state, preemption):
+def stop_run(args, stop, model, optimizer, scheduler, scaler, state):
     """Checkpoint the last optimizer step; return the exit status."""
     save_checkpoint(args, model, optimizer, scheduler, scaler, state)
-    preemption.close()
     if str(stop) == "preempted":
         log(f"preempted at step {state.global_step}: checkpoint written; requeue with the "
             f"same command (exit status {EXIT_REQUEUE})")
@@ -1517,7 +1615,8 @@ def train(args):
                             scaler, train_loader, rank, device)
     del checkpoint  # its tensors are copied into the model and the optimizer: free the memory
     if args.init_from and checkpoint_path is None:
-        # The starting weights' score (epoch 0), before the stop handler: nothing to save yet.
+        # The starting weights' score, what fine-tuning must improve on: epoch 0 in metrics.jsonl.
+        # Before the stop handler: nothing to save yet.
         state.history.append({"epoch": 0, **val_record(evaluate(args, model, val_loader, device,
                                                                 preemption=None))})
         log_epoch(state.history[-1], args.epochs)
@@ -1525,9 +1624,6 @@ def train(args):
 
     out_dir = Path(args.out_dir)
     metrics_path = out_dir / "metrics.jsonl"
-    if rank == 0:
-        # A resumed run rewrites the records of the epochs its checkpoint has seen, no more.
-        metrics_path.write_text("".join(json.dumps(record) + "\n" for record in state.history))
     log(f"process group {dist.get_backend()} | {world_size} processes | "
         f"timeout {args.timeout_min:g} min")
     local, whole = shard_sizes(model)
@@ -1537,6 +1633,9 @@ def train(args):
         f"process x {world_size} processes x {args.accum_steps} accumulation steps | "
         f"amp {args.amp}")
     log_recipe(args)
+    # A resumed run rewrites the records of the epochs its checkpoint has seen, no more.
+    # Rank 0 writes; the others wait for its verdict: a write that fails stops every process here.
+    rank0_only(rank, write_metrics, metrics_path, state.history)
     if checkpoint_path is not None:
         log(f"resumed from {checkpoint_path}: epoch {state.epoch + 1}, step {state.step_in_epoch}")
     if state.epoch >= args.epochs:
@@ -1563,39 +1662,43 @@ def train(args):
             state.train_totals = torch.zeros(3, dtype=torch.float64, device=device)
             state.rng, state.loader_rng = rng_state(), train_loader.generator.get_state()
             state.epoch_position = 0
-            if rank == 0:
-                write_metrics(metrics_path, record)
             log_epoch(record, args.epochs)
+            rank0_only(rank, write_metrics, metrics_path, state.history)
             if epoch + 1 < args.epochs:
                 preemption.check()
                 check_max_steps(args, state)
             if epoch + 1 == args.epochs or args.ckpt_epochs and (epoch + 1) % args.ckpt_epochs == 0:
                 save_checkpoint(args, model, optimizer, scheduler, scaler, state)
     except Stop as stop:
-        return stop_run(args, stop, model, optimizer, scheduler, scaler, state, preemption)
+        return stop_run(args, stop, model, optimizer, scheduler, scaler, state)
+    finally:
+        preemption.close()
 
     save_start = time.perf_counter()
     # The whole model, gathered from every process's shards to rank 0 alone, on its CPU (the whole
     # model may not fit its GPU): its keys are the plain model's, and load into it.
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
                                                                 cpu_offload=True))
-    if rank == 0:
-        atomic_save(full, out_dir / "model.pt")
-        log(f"saved {out_dir / 'model.pt'} in {time.perf_counter() - save_start:.2f} s")
-    preemption.close()
+    rank0_only(rank, atomic_save, full, out_dir / "model.pt")
+    log(f"saved {out_dir / 'model.pt'} in {time.perf_counter() - save_start:.2f} s")
     return 0
 
 
 def main(argv=None):
-    args = parse_args(argv)
     try:
+        check_task()
+        args = parse_args(argv)
         check_args(args)
         status = train(args)
     except ConfigError as err:
-        # Every process meets the same bad input; one line from rank 0 is enough.
-        if int(os.environ.get("RANK", 0)) == 0:
-            print(f"{Path(__file__).name}: error: {err}", file=sys.stderr, flush=True)
-        return 2
+        # Bad input, which every process meets, is one line from rank 0; an error that one process
+        # met is that process's line, naming it (the peers it stopped say nothing).
+        rank = int(os.environ.get("RANK", 0))
+        if err.rank == rank or err.rank is None and rank == 0:
+            who = "" if err.rank is None else f"rank {err.rank}: "
+            intact = f"; {what_is_intact(args)}" if err.status == EXIT_WRITE_FAILED else ""
+            print(f"{Path(__file__).name}: error: {who}{err}{intact}", file=sys.stderr, flush=True)
+        return err.status
     finally:
         cleanup_distributed()
     return status

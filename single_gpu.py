@@ -11,6 +11,7 @@ import math
 import os
 import pickle
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -37,6 +38,9 @@ UNREADABLE = (OSError, SyntaxError)
 # Consecutive unreadable samples a training sample may skip to find a readable one: more, and
 # the data set is broken, not a file in it.
 MAX_UNREADABLE_IN_A_ROW = 16
+# The exit status of a write that failed (a full disk, a permission): EX_IOERR, which a requeueing
+# script can tell from bad input (2) and a crash (1). Free some space, then run the same command.
+EXIT_WRITE_FAILED = 74
 
 
 # --- your data and model ------------------------------------------------------------------------
@@ -220,7 +224,51 @@ def evaluate_batch(model, batch):
 # --- config -------------------------------------------------------------------------------------
 
 class ConfigError(Exception):
-    """Bad input from the user: reported as one line and a non-zero exit, never as a traceback."""
+    """An error the user can act on: reported as one line and a non-zero exit, never as a traceback.
+
+    Bad input is met by every process alike: rank 0 alone reports it. An error that one process met
+    and its peers may not have (a GPU it cannot see, a file it cannot write) names that process's
+    rank: that process reports it, and the peers it stopped say nothing.
+    """
+
+    def __init__(self, message, status=2, rank=None):
+        super().__init__(message)
+        self.status, self.rank = status, rank
+
+
+def no_pretrained_weights(args):
+    raise ConfigError("this task has no pretrained weights for --init-from pretrained: define "
+                      "pretrained_weights(args) in the section \"your data and model\"")
+
+
+# What the rest of the script takes from the section "your data and model": each name, what it
+# must be, and the default that a section without it gets (REQUIRED: none, the script stops).
+REQUIRED = object()
+TASK_HOOKS = {
+    "build_datasets": ("build_datasets(args) returns (train_set, val_set, num_outputs)", REQUIRED),
+    "build_model": ("build_model(args, num_outputs) returns the model", REQUIRED),
+    "batch_loss": ("batch_loss(model, batch) returns (the mean loss to train on, the batch's "
+                   "sample count)", REQUIRED),
+    "evaluate_batch": ("evaluate_batch(model, batch) returns (the batch's sums of EVAL_METRICS, "
+                       "its sample count)", REQUIRED),
+    "EVAL_METRICS": ("EVAL_METRICS names the metrics whose sums evaluate_batch returns", REQUIRED),
+    "add_task_arguments": ("add_task_arguments(parser) adds the task's flags",
+                           lambda parser: None),
+    "pretrained_weights": ("pretrained_weights(args) returns the state dict of --init-from "
+                           "pretrained", no_pretrained_weights),
+    "channels_last_pays": ("channels_last_pays(args, device) says whether channels-last memory "
+                           "order speeds the model up", lambda args, device: False),
+}
+
+
+def check_task():
+    """Before any work: a hook the section lacks gets its default, or stops the script in one line
+    that names it (a copy of the section made before the hook existed has no such name)."""
+    for name, (what, default) in TASK_HOOKS.items():
+        if name not in globals():
+            if default is REQUIRED:
+                raise ConfigError(f"the section \"your data and model\" has no {name}: {what}")
+            globals()[name] = default
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -339,10 +387,10 @@ def peak_memory(device):
     return f" | peak memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB"
 
 
-def write_metrics(path, record):
-    """Append one JSON object per line: a file that survives a crash up to its last full line."""
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
+def write_metrics(path, history):
+    """Write one JSON object per epoch, a line each, as a whole new file (atomic_save): a crash or a
+    full disk leaves the previous version, never half a line."""
+    atomic_save("".join(json.dumps(record) + "\n" for record in history).encode(), path)
 
 
 def log_recipe(args):
@@ -739,18 +787,48 @@ def prepare_out_dir(args):
 
 
 def atomic_save(obj, path):
-    """Write to a temporary file, then rename: a reader sees the old file or the new, never half."""
+    """Write obj (bytes, or what torch.save takes) to a temporary file, then rename: a reader sees
+    the old file or the new, never half. A write that fails leaves the old file and no temporary
+    one, and is a ConfigError (write_error)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:
-            torch.save(obj, f)
+            f.write(obj) if isinstance(obj, bytes) else torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except (OSError, RuntimeError) as err:
+        # torch.save reports a write that its file refused as a RuntimeError ("unexpected pos"),
+        # raised while the OSError (errno 28: no space left) is handled.
+        cause = err if isinstance(err, OSError) else err.__context__
+        if not isinstance(cause, OSError):
+            raise
+        raise write_error(path, cause) from None
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def write_error(path, err):
+    """A file that cannot be written (a full disk, a permission), as one line: which, why, the
+    space left on its file system. Written files are replaced whole or not at all (atomic_save)."""
+    return ConfigError(f"cannot write {path}: {err.strerror or err} ({free_space(path)}); the "
+                       f"files already in --out-dir are whole", status=EXIT_WRITE_FAILED)
+
+
+def free_space(path):
+    try:
+        return f"{shutil.disk_usage(Path(path).parent).free / 2**20:.2f} MiB free there"
+    except OSError:
+        return "free space unknown"
+
+
+def what_is_intact(args):
+    """After a write that failed: what the same command, run again, starts from."""
+    start = "no checkpoint"
+    return f"{start}: free some space, then run the same command again"
 
 
 # --- main ---------------------------------------------------------------------------------------
@@ -777,16 +855,17 @@ def train(args):
     optimizer = build_optimizer(args, model)
     scheduler = build_scheduler(args, optimizer, steps_per_epoch=len(train_loader))
 
-    out_dir = Path(args.out_dir)
-    metrics_path = out_dir / "metrics.jsonl"
-    metrics_path.write_text("")
-    log(f"global batch {args.batch_size}")
-    log_recipe(args)
+    history = []  # metrics.jsonl's records
     if args.init_from:
         # The starting weights' score, what fine-tuning must improve on: epoch 0 in metrics.jsonl.
-        start_record = {"epoch": 0, **val_record(evaluate(args, model, val_loader, device))}
-        write_metrics(metrics_path, start_record)
-        log_epoch(start_record, args.epochs)
+        history.append({"epoch": 0, **val_record(evaluate(args, model, val_loader, device))})
+        log_epoch(history[-1], args.epochs)
+
+    out_dir = Path(args.out_dir)
+    metrics_path = out_dir / "metrics.jsonl"
+    log(f"global batch {args.batch_size}")
+    log_recipe(args)
+    write_metrics(metrics_path, history)
 
     for epoch in range(args.epochs):
         train_loader.sampler.generator.manual_seed(args.seed + epoch)
@@ -798,7 +877,8 @@ def train(args):
         val_totals = evaluate(args, model, val_loader, device)
         record = epoch_record(epoch, train_totals, val_totals, val_start - epoch_start,
                               time.perf_counter() - val_start, scheduler.get_last_lr()[0])
-        write_metrics(metrics_path, record)
+        history.append(record)
+        write_metrics(metrics_path, history)
         log_epoch(record, args.epochs)
 
     save_start = time.perf_counter()
@@ -807,13 +887,15 @@ def train(args):
 
 
 def main(argv=None):
-    args = parse_args(argv)
     try:
+        check_task()
+        args = parse_args(argv)
         check_args(args)
         train(args)
     except ConfigError as err:
-        print(f"{Path(__file__).name}: error: {err}", file=sys.stderr, flush=True)
-        return 2
+        intact = f"; {what_is_intact(args)}" if err.status == EXIT_WRITE_FAILED else ""
+        print(f"{Path(__file__).name}: error: {err}{intact}", file=sys.stderr, flush=True)
+        return err.status
     return 0
 
 

@@ -60,10 +60,12 @@ def command(script, args, nproc=None, torchrun_args=()):
             *torchrun_args, path, *args]
 
 
-def launch(script, args, nproc=None, env=None, torchrun_args=(), timeout=LAUNCH_TIMEOUT):
+def launch(script, args, nproc=None, env=None, torchrun_args=(), timeout=LAUNCH_TIMEOUT, wrap=()):
+    """Run the script as a user does (see command); `wrap` goes before the command (a program that
+    runs it)."""
     full_env = base_env()
     full_env.update(env or {})
-    cmd = command(script, args, nproc, torchrun_args)
+    cmd = [*wrap, *command(script, args, nproc, torchrun_args)]
     # A session of its own, so that a launch that hangs is ended with all its workers.
     process = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, start_new_session=True)

@@ -140,8 +140,8 @@ PITFALLS = [
         "correct": "only global rank 0 writes; the others hand it their per-process state",
         "fix": [("ddp_full.py", "dist.gather_object(per_process, gathered, dst=0)")],
         "guards": ["tests/test_cluster.py::test_two_nodes_of_two_processes_train_as_one_node_of_four_and_only_global_rank_0_writes"],
-        "mutation": ("ddp_full.py", "    dist.gather_object(per_process, gathered, dst=0)\n    if rank != 0:\n        return\n",
-                     "    dist.gather_object(per_process, gathered, dst=0)\n"),
+        "mutation": ("ddp_full.py", "    rank0_only(rank, atomic_save, checkpoint, path)\n",
+                     "    atomic_save(checkpoint, path)\n"),
     },
     {
         "title": "Inexact resume: the GradScaler",
@@ -536,5 +536,70 @@ PITFALLS = [
         "mutation": ("fsdp.py", "    for buffer in model.buffers():\n        dist.broadcast(buffer, src=0)\n"
                                 "    model_state, optimizer_state = get_state_dict(model, optimizer)\n",
                      "    model_state, optimizer_state = get_state_dict(model, optimizer)\n"),
+    },
+    {
+        "title": "A write that fails ends in a traceback",
+        "mistake": "letting the error of a checkpoint or model write escape: the OSError (errno 28, no space "
+                   "left), or the RuntimeError (\"unexpected pos\") that torch.save raises while handling it",
+        "symptom": "about 100 lines of traceback from every process and torchrun, and nothing that says which "
+                   "checkpoint is still whole",
+        "correct": "`atomic_save` turns the OSError, or the one behind torch.save's RuntimeError, into one line "
+                   "naming the file, the space left and the newest complete checkpoint; exit status 74 (EX_IOERR)",
+        "fix": [("ddp_full.py", "raise write_error(path, cause) from None")],
+        "guards": ["tests/test_failures.py::"
+                   "test_a_full_disk_at_a_checkpoint_is_one_line_exit_74_and_the_run_resumes_from_the_last_one"],
+        "mutation": ("ddp_full.py", "        raise write_error(path, cause) from None\n", "        raise\n"),
+    },
+    {
+        "title": "Rank 0 writes alone while the others run on",
+        "mistake": "`if rank == 0: save(...)` with no word back to the other processes",
+        "symptom": "when rank 0's write fails, it exits and the others die in their next collective (\"Connection "
+                   "closed by peer\", a traceback each) or are killed by torchrun",
+        "correct": "the others wait for rank 0's verdict (`rank0_only`): a write that fails stops every process "
+                   "at the same point, with one line",
+        "fix": [("ddp_full.py", "rank0_only(rank, atomic_save, checkpoint, path)")],
+        "guards": ["tests/test_failures.py::"
+                   "test_a_full_disk_at_a_checkpoint_is_one_line_exit_74_and_the_run_resumes_from_the_last_one"],
+        "mutation": ("ddp_full.py", "    rank0_only(rank, atomic_save, checkpoint, path)\n",
+                     "    if rank == 0:\n        atomic_save(checkpoint, path)\n"),
+    },
+    {
+        "title": "An error only some processes meet, reported by rank 0",
+        "mistake": "printing every `ConfigError` from rank 0 alone, the error a process meets by itself included "
+                   "(a local rank with no GPU)",
+        "symptom": "8 processes on a 4-GPU node: ranks 4-7 exit with status 2, torchrun stops the rest, and no "
+                   "line says why",
+        "correct": "such an error names its rank (`ConfigError(..., rank=rank)`) and that process prints it; bad "
+                   "input every process meets stays one line from rank 0",
+        "fix": [("ddp_full.py", 'f"are visible: start at most one process per GPU", rank=rank)')],
+        "guards": ["tests/test_failures.py::test_more_processes_than_gpus_is_a_line_from_each_process_that_has_no_gpu"],
+        "mutation": ("ddp_full.py", 'f"are visible: start at most one process per GPU", rank=rank)',
+                     'f"are visible: start at most one process per GPU")'),
+    },
+    {
+        "title": "A new hook breaks every older copy of the section",
+        "mistake": "calling a name of the section \"your data and model\" that an older copy of it lacks",
+        "symptom": "a user's section written before `channels_last_pays` and `pretrained_weights` existed dies "
+                   "with `NameError`, a traceback from every process",
+        "correct": "`check_task()` first: a hook with a default gets it (README), a missing required one is one "
+                   "line naming it and what it must do",
+        "fix": [("ddp_full.py", "    check_task()")],
+        "guards": ["tests/test_failures.py::test_a_section_from_before_the_later_hooks_trains_with_their_defaults"],
+        "mutation": ("ddp_full.py", "        check_task()\n        args = parse_args(argv)\n",
+                     "        args = parse_args(argv)\n"),
+    },
+    {
+        "title": "FSDP: a sharded write that fails leaves its directory",
+        "mistake": "raising when `dcp.save` fails without removing the temporary checkpoint directory",
+        "symptom": "`.step_N.tmp/` with every process's partial shards stays behind, holding the space a full disk "
+                   "most needs",
+        "correct": "every process gets the failures from dcp.save; rank 0 removes the directory, and each process "
+                   "that failed prints its line",
+        "fix": [("fsdp.py", "failed = sorted(err.failures)")],
+        "guards": ["tests/test_failures.py::"
+                   "test_a_full_disk_at_a_sharded_checkpoint_leaves_no_partial_directory_and_resumes"],
+        "mutation": ("fsdp.py", "        if rank == 0:\n            shutil.rmtree(tmp, ignore_errors=True)\n"
+                                "        if rank not in failed:\n",
+                     "        if rank not in failed:\n"),
     },
 ]

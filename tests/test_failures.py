@@ -1,0 +1,265 @@
+"""What goes wrong midway says so in one line: a full disk, an error only some processes meet, and a
+section "your data and model" without a hook the rest of the script uses.
+
+The full disk is a real one: a tmpfs of a chosen size, mounted for one launch in a mount namespace
+of its own (`unshare --user --map-root-user --mount`: no root needed where user namespaces are
+allowed, and nothing left mounted after). What the launch left on it is copied out before the
+namespace goes. The sizes come from the checkpoints these settings write (CNN, TINY, batch 8 on 2
+processes): ddp_full.py's 481 KiB, fsdp.py's 572 KiB, model.pt 226 KiB: a disk of 800 (900) KiB
+holds the first checkpoint and not the second, one of 64 KiB the metrics and not model.pt.
+
+The GPU count is stood in for on the CPU by tests/fewer_gpus.py: torch.cuda reports one device, so
+of 2 processes the one of local rank 1 meets the check, the other does not.
+"""
+import ast
+import json
+import re
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+from conftest import ROOT, TINY, check, launch, script_traceback, weights
+from test_bad_input import call_main
+from test_resume import assert_bitwise_equal
+
+SCRIPTS = ["single_gpu.py", "dataparallel.py", "ddp_basic.py", "ddp_amp_accum.py", "ddp_full.py", "fsdp.py"]
+DDP_SCRIPTS = SCRIPTS[2:]
+EXIT_WRITE_FAILED = 74  # EX_IOERR: the scripts' status for a write that failed
+
+SMALL_DISK = '''size=$1 disk=$2 left=$3; shift 3
+mount -t tmpfs -o size="$size"k tmpfs "$disk" || exit 99
+"$@"; status=$?
+cp -a "$disk/." "$left/"
+exit $status
+'''
+
+
+@pytest.fixture(scope="session")
+def can_mount(tmp_path_factory):
+    probe = tmp_path_factory.mktemp("mount-probe")
+    result = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+                             f"mount -t tmpfs -o size=64k tmpfs {probe}"], capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.skip(f"a small file system needs a private mount namespace, refused here: {result.stderr.strip()}")
+
+
+def on_small_disk(tmp_path, size_kib, script, args, nproc=None):
+    """Launch with --out-dir on a file system of size_kib KiB; return (result, the out-dir as it was left)."""
+    disk, left = tmp_path / "disk", tmp_path / "left"
+    disk.mkdir()
+    left.mkdir()
+    wrap = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", SMALL_DISK, "sh", str(size_kib),
+            str(disk), str(left)]
+    result = launch(script, [*args, "--out-dir", str(disk / "run")], nproc=nproc, wrap=wrap)
+    assert result.returncode != 99, result.stderr
+    return result, left / "run"
+
+
+def error_lines(result, script):
+    return [line for line in result.stderr.splitlines() if f"{script}: error:" in line]
+
+
+def stopped_together(result, status):
+    """Every worker that torchrun reports exited with `status`, or with the SIGTERM that torchrun sends
+    the others once the first has exited (a peer that crashed on a closed connection would exit 1)."""
+    codes = [int(code) for code in re.findall(r"exitcode\s*: (-?\d+)", result.stderr)]
+    return status in codes and set(codes) <= {status, -15}
+
+
+def hidden_files(directory):
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob(".*"))
+
+
+# --- a full disk ---------------------------------------------------------------------------------
+
+def test_a_full_disk_at_a_checkpoint_is_one_line_exit_74_and_the_run_resumes_from_the_last_one(
+        runs, can_mount, tmp_path):
+    straight = runs.get("full_w2", "ddp_full.py", ["--batch-size", "8"], nproc=2)  # checkpoints at 12, 24
+    result, left = on_small_disk(tmp_path, 800, "ddp_full.py", [*TINY, "--batch-size", "8"], nproc=2)
+    disk = tmp_path / "disk" / "run"
+    [line] = error_lines(result, "ddp_full.py")  # from rank 0, the writer; the others say nothing
+    assert (f"cannot write {disk}/checkpoints/step_000000024.pt: No space left on device" in line
+            and "MiB free there); the files already in --out-dir are whole; the newest complete checkpoint is "
+                f"{disk}/checkpoints/step_000000012.pt: free some space, then run the same command" in line), line
+    assert not script_traceback(result, "ddp_full.py"), result.stderr
+    assert stopped_together(result, EXIT_WRITE_FAILED), result.stderr
+    assert [p.name for p in (left / "checkpoints").iterdir()] == ["step_000000012.pt"]
+    assert hidden_files(left) == []  # no temporary file left behind
+    # What the user does next: give it space (here: the same files on a roomier disk), run the same command.
+    moved = tmp_path / "moved"
+    shutil.copytree(left, moved)
+    resumed = check(launch("ddp_full.py", [*TINY, "--batch-size", "8", "--out-dir", str(moved)], nproc=2))
+    assert "step_000000012.pt: epoch 2, step 0" in resumed.stdout
+    assert_bitwise_equal(straight, moved)
+
+
+@pytest.mark.slow
+def test_a_full_disk_at_a_sharded_checkpoint_leaves_no_partial_directory_and_resumes(runs, can_mount, tmp_path):
+    straight = runs.get("fsdp_w2_b8", "fsdp.py", ["--batch-size", "8"], nproc=2)
+    result, left = on_small_disk(tmp_path, 900, "fsdp.py", [*TINY, "--batch-size", "8"], nproc=2)
+    disk = tmp_path / "disk" / "run"
+    lines = error_lines(result, "fsdp.py")
+    # Each process writes its own shard: each one that met the full disk says so, naming its rank.
+    assert 1 <= len(lines) <= 2 and len({line.split(":")[2] for line in lines}) == len(lines), lines
+    for line in lines:
+        assert re.search(rf"rank \d: cannot write its shards of {disk}/checkpoints/step_000000024: ", line), line
+        assert (f"the newest complete checkpoint is {disk}/checkpoints/step_000000012: free some space, then "
+                "run the same command" in line), line
+    assert not script_traceback(result, "fsdp.py"), result.stderr
+    assert stopped_together(result, EXIT_WRITE_FAILED), result.stderr
+    assert [p.name for p in (left / "checkpoints").iterdir()] == ["step_000000012"]
+    assert hidden_files(left) == ["checkpoints/step_000000012/.metadata"]  # dcp's own; no .step_*.tmp
+    moved = tmp_path / "moved"
+    shutil.copytree(left, moved)
+    resumed = check(launch("fsdp.py", [*TINY, "--batch-size", "8", "--out-dir", str(moved)], nproc=2))
+    assert "step_000000012: epoch 2, step 0" in resumed.stdout
+    assert_bitwise_equal(straight, moved)
+
+
+def test_a_full_disk_at_model_pt_is_one_line_exit_74_and_leaves_every_file_whole(can_mount, tmp_path):
+    result, left = on_small_disk(tmp_path, 64, "single_gpu.py", TINY)
+    assert result.returncode == EXIT_WRITE_FAILED, result.stderr
+    [line] = error_lines(result, "single_gpu.py")
+    assert (f"cannot write {tmp_path}/disk/run/model.pt: No space left on device (" in line
+            and "MiB free there); the files already in --out-dir are whole" in line), line
+    assert not script_traceback(result, "single_gpu.py"), result.stderr
+    assert sorted(p.name for p in left.iterdir()) == ["metrics.jsonl"]  # no temporary file
+    assert [json.loads(line)["epoch"] for line in (left / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+@pytest.mark.slow
+def test_a_full_disk_under_ddp_stops_every_process_at_the_same_write(can_mount, tmp_path):
+    # Rank 0 writes model.pt; the other process waits for its verdict instead of running on alone.
+    result, left = on_small_disk(tmp_path, 64, "ddp_basic.py", TINY, nproc=2)
+    [line] = error_lines(result, "ddp_basic.py")
+    assert f"cannot write {tmp_path}/disk/run/model.pt: No space left on device" in line, line
+    assert not script_traceback(result, "ddp_basic.py"), result.stderr
+    assert stopped_together(result, EXIT_WRITE_FAILED), result.stderr
+    assert sorted(p.name for p in left.iterdir()) == ["metrics.jsonl"]
+
+
+# --- an error that only some processes meet ------------------------------------------------------
+
+@pytest.mark.parametrize("script", DDP_SCRIPTS)
+def test_more_processes_than_gpus_is_a_line_from_each_process_that_has_no_gpu(script, tmp_path):
+    # Rank 1 meets the check; rank 0 meets nothing and says nothing. (With more processes than that,
+    # the first to exit makes torchrun stop the others, some perhaps before they reach the check.)
+    result = launch("tests/fewer_gpus.py", [str(ROOT / script), *TINY, "--backend", "gloo",
+                                            "--out-dir", str(tmp_path)], nproc=2, env={"FEWER_GPUS": "1"})
+    assert error_lines(result, script) == [f"{script}: error: rank 1: local rank 1 but only 1 GPUs are visible: "
+                                           f"start at most one process per GPU"], result.stderr
+    assert not script_traceback(result, script), result.stderr
+    assert stopped_together(result, 2), result.stderr
+
+
+# --- the section "your data and model" -----------------------------------------------------------
+
+REQUIRED = ["build_datasets", "build_model", "batch_loss", "evaluate_batch", "EVAL_METRICS"]
+WITH_DEFAULTS = {"add_task_arguments": SCRIPTS, "channels_last_pays": SCRIPTS, "pretrained_weights": SCRIPTS,
+                 "RESUME_MAY_CHANGE_TASK": ["ddp_full.py", "fsdp.py"]}
+
+
+def without(text, name):
+    """The script with the top-level definition of `name` inside its section "your data and model" removed."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("# --- your data and model"))
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("# --- "))
+    for node in ast.parse(text).body:
+        names = [node.name] if hasattr(node, "name") else [t.id for t in getattr(node, "targets", [])
+                                                            if isinstance(t, ast.Name)]
+        if name in names and start < node.lineno <= end:
+            return "\n".join(lines[:node.lineno - 1] + lines[node.end_lineno:]) + "\n"
+    raise AssertionError(f"{name} is not defined in the section")
+
+
+def copy_without(script, name, folder):
+    copy = folder / script
+    copy.write_text(without((ROOT / script).read_text(), name))
+    return copy
+
+
+@pytest.mark.parametrize("hook", REQUIRED)
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_section_without_a_hook_it_must_have_stops_before_any_work_naming_it(script, hook, tmp_path, capsys):
+    copy = copy_without(script, hook, tmp_path)
+    result = call_main(str(copy), [*TINY, "--out-dir", str(tmp_path / "out")], capsys)
+    assert result.returncode == 2
+    [line] = error_lines(result, script)
+    assert f'{script}: error: the section "your data and model" has no {hook}: ' in line, line
+    assert not (tmp_path / "out").exists()  # before any work
+
+
+# The contract a copy of the section made a month ago holds: data, model, loss, metrics, no flags of
+# its own (none of the later hooks: add_task_arguments, pretrained_weights, channels_last_pays,
+# RESUME_MAY_CHANGE_TASK).
+OLD_SECTION = '''
+# --- your data and model ------------------------------------------------------------------------
+# A user's copy from before the later hooks existed: 4 features, 3 classes, a linear model.
+
+EVAL_METRICS = ("loss",)
+
+
+def build_datasets(args):
+    generator = torch.Generator().manual_seed(args.seed)
+    features = torch.randn(96, 4, generator=generator)
+    labels = features.argmax(dim=1).clamp(max=2)
+    return TensorDataset(features[:64], labels[:64]), TensorDataset(features[64:], labels[64:]), 3
+
+
+def build_model(args, num_outputs):
+    return nn.Linear(4, num_outputs)
+
+
+def batch_loss(model, batch):
+    inputs, labels = batch
+    return F.cross_entropy(model(inputs), labels), len(labels)
+
+
+def evaluate_batch(model, batch):
+    inputs, labels = batch
+    return F.cross_entropy(model(inputs).float(), labels, reduction="sum").double().reshape(1), len(labels)
+'''
+
+
+def old_copy(script, folder):
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    import ladder
+
+    copy = folder / script
+    copy.write_text(ladder.replace_seam(ladder.read(script, ROOT), OLD_SECTION))
+    return copy
+
+
+# The first tier runs the first script and the one users copy; the second tier all six.
+@pytest.mark.parametrize("script", [pytest.param(s, marks=[] if s in ("single_gpu.py", "ddp_full.py")
+                                                 else pytest.mark.slow) for s in SCRIPTS])
+def test_a_section_from_before_the_later_hooks_trains_with_their_defaults(script, tmp_path):
+    copy = old_copy(script, tmp_path)
+    args = ["--epochs", "2", "--batch-size", "16", "--workers", "0", "--log-interval", "1000",
+            "--out-dir", str(tmp_path / "out")]
+    result = check(launch(str(copy), args))
+    assert "epoch 2/2 train_loss" in result.stdout
+    assert set(weights(tmp_path / "out")) == {"weight", "bias"}
+
+
+@pytest.mark.parametrize("script", ["single_gpu.py", "ddp_full.py"])
+def test_the_default_pretrained_weights_is_one_line_saying_the_task_has_none(script, tmp_path, capsys):
+    copy = old_copy(script, tmp_path)
+    result = call_main(str(copy), ["--init-from", "pretrained", "--out-dir", str(tmp_path / "out")], capsys)
+    assert result.returncode == 2
+    [line] = error_lines(result, script)
+    assert "this task has no pretrained weights for --init-from pretrained" in line, line
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script,hook", [(s, h) for h, scripts in WITH_DEFAULTS.items() for s in scripts
+                                         if h != "add_task_arguments"])  # the demo's own code reads its flags
+def test_the_demo_section_without_a_hook_that_has_a_default_still_trains(script, hook, tmp_path):
+    copy = copy_without(script, hook, tmp_path)
+    result = check(launch(str(copy), [*TINY, "--epochs", "1", "--out-dir", str(tmp_path / "out")]))
+    assert "epoch 1/1 train_loss" in result.stdout
+    assert torch.load(tmp_path / "out" / "model.pt", weights_only=True)
