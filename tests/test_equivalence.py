@@ -17,6 +17,13 @@ from conftest import TRAIN_SAMPLES, max_weight_difference, metrics, run_ok, weig
 from test_resume import FP16_ACCUM  # the same arguments, so the shared run cache serves both files
 
 WEIGHT_ATOL = 1e-5
+# 4 processes x 4 against 1 x 16, on an AMD EPYC: 1.33e-5 in features.6 (330 of its 36,864 weights
+# over 1e-6, its median 1.9e-9), the same with the scripts of before and after issue 25, bitwise.
+# That is not one ulp a step but a discrete event: a ReLU or max-pool tie in one sample that the
+# other rounding of 4-sample sums breaks the other way (torch-gloo-facts.md saw 1.6e-4 from one).
+# The Intel machines measured 3.2e-7. 1e-4 keeps a 300x margin below the smallest weight error a
+# pitfall makes here (the per-process batch mistake: 0.0326).
+WORLD_OF_4_WEIGHT_ATOL = 1e-4
 LOSS_ATOL = 1e-6  # per-epoch mean losses: measured differences <= 7.4e-8
 GLOBAL_BATCH = 16
 
@@ -49,7 +56,7 @@ def test_ddp_weights_do_not_depend_on_world_size(runs):
     w2 = runs.get("basic_w2", "ddp_basic.py", ["--batch-size", "8"], nproc=2)
     w4 = runs.get("basic_w4", "ddp_basic.py", ["--batch-size", "4"], nproc=4)
     assert_same_training(w1, w2)
-    assert_same_training(w1, w4)
+    assert_same_training(w1, w4, atol=WORLD_OF_4_WEIGHT_ATOL)
 
 
 def test_ddp_world_of_one_under_torchrun_is_bitwise_single_gpu(runs):

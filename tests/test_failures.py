@@ -79,7 +79,9 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_exit_74_and_the_run_resumes_fro
     straight = runs.get("full_w2", "ddp_full.py", ["--batch-size", "8"], nproc=2)  # checkpoints at 12, 24
     result, left = on_small_disk(tmp_path, 800, "ddp_full.py", [*TINY, "--batch-size", "8"], nproc=2)
     disk = tmp_path / "disk" / "run"
-    [line] = error_lines(result, "ddp_full.py")  # from rank 0, the writer; the others say nothing
+    lines = error_lines(result, "ddp_full.py")  # from rank 0, the writer; the others say nothing
+    assert len(lines) == 1, result.stderr
+    line = lines[0]
     assert (f"cannot write {disk}/checkpoints/step_000000024.pt: No space left on device" in line
             and "MiB free there); the files already in --out-dir are whole; the newest complete checkpoint is "
                 f"{disk}/checkpoints/step_000000012.pt: free some space, then run the same command" in line), line
@@ -121,7 +123,9 @@ def test_a_full_disk_at_a_sharded_checkpoint_leaves_no_partial_directory_and_res
 def test_a_full_disk_at_model_pt_is_one_line_exit_74_and_leaves_every_file_whole(can_mount, tmp_path):
     result, left = on_small_disk(tmp_path, 64, "single_gpu.py", TINY)
     assert result.returncode == EXIT_WRITE_FAILED, result.stderr
-    [line] = error_lines(result, "single_gpu.py")
+    lines = error_lines(result, "single_gpu.py")
+    assert len(lines) == 1, result.stderr
+    line = lines[0]
     assert (f"cannot write {tmp_path}/disk/run/model.pt: No space left on device (" in line
             and "MiB free there); the files already in --out-dir are whole" in line), line
     assert not script_traceback(result, "single_gpu.py"), result.stderr
@@ -133,7 +137,9 @@ def test_a_full_disk_at_model_pt_is_one_line_exit_74_and_leaves_every_file_whole
 def test_a_full_disk_under_ddp_stops_every_process_at_the_same_write(can_mount, tmp_path):
     # Rank 0 writes model.pt; the other process waits for its verdict instead of running on alone.
     result, left = on_small_disk(tmp_path, 64, "ddp_basic.py", TINY, nproc=2)
-    [line] = error_lines(result, "ddp_basic.py")
+    lines = error_lines(result, "ddp_basic.py")
+    assert len(lines) == 1, result.stderr
+    line = lines[0]
     assert f"cannot write {tmp_path}/disk/run/model.pt: No space left on device" in line, line
     assert not script_traceback(result, "ddp_basic.py"), result.stderr
     assert stopped_together(result, EXIT_WRITE_FAILED), result.stderr
@@ -186,7 +192,9 @@ def test_a_section_without_a_hook_it_must_have_stops_before_any_work_naming_it(s
     copy = copy_without(script, hook, tmp_path)
     result = call_main(str(copy), [*TINY, "--out-dir", str(tmp_path / "out")], capsys)
     assert result.returncode == 2
-    [line] = error_lines(result, script)
+    lines = error_lines(result, script)
+    assert len(lines) == 1, result.stderr
+    line = lines[0]
     assert f'{script}: error: the section "your data and model" has no {hook}: ' in line, line
     assert not (tmp_path / "out").exists()  # before any work
 
@@ -251,7 +259,9 @@ def test_the_default_pretrained_weights_is_one_line_saying_the_task_has_none(scr
     copy = old_copy(script, tmp_path)
     result = call_main(str(copy), ["--init-from", "pretrained", "--out-dir", str(tmp_path / "out")], capsys)
     assert result.returncode == 2
-    [line] = error_lines(result, script)
+    lines = error_lines(result, script)
+    assert len(lines) == 1, result.stderr
+    line = lines[0]
     assert "this task has no pretrained weights for --init-from pretrained" in line, line
 
 
