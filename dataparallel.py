@@ -239,9 +239,9 @@ def evaluate_batch(model, batch):
 class ConfigError(Exception):
     """An error the user can act on: reported as one line and a non-zero exit, never as a traceback.
 
-    Bad input is met by every process alike: rank 0 alone reports it. An error that one process met
-    and its peers may not have (a GPU it cannot see, a file it cannot write) names that process's
-    rank: that process reports it, and the peers it stopped say nothing.
+    Without a rank, it is one that every process meets (bad input): rank 0 alone reports it. One
+    that a process may meet alone (a GPU it cannot see, a file it cannot write) names that
+    process's rank: that process reports it, and the peers it stopped say nothing.
     """
 
     def __init__(self, message, status=2, rank=None):
@@ -844,7 +844,7 @@ def free_space(path):
 def what_is_intact(args):
     """After a write that failed: what the same command, run again, starts from."""
     start = "no checkpoint"
-    return f"{start}: free some space, then run the same command again"
+    return f"{start}: fix that, then run the same command again"
 
 
 # --- main ---------------------------------------------------------------------------------------

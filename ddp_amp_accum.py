@@ -242,9 +242,9 @@ def evaluate_batch(model, batch):
 class ConfigError(Exception):
     """An error the user can act on: reported as one line and a non-zero exit, never as a traceback.
 
-    Bad input is met by every process alike: rank 0 alone reports it. An error that one process met
-    and its peers may not have (a GPU it cannot see, a file it cannot write) names that process's
-    rank: that process reports it, and the peers it stopped say nothing.
+    Without a rank, it is one that every process meets (bad input): rank 0 alone reports it. One
+    that a process may meet alone (a GPU it cannot see, a file it cannot write) names that
+    process's rank: that process reports it, and the peers it stopped say nothing.
     """
 
     def __init__(self, message, status=2, rank=None):
@@ -401,8 +401,8 @@ def log(message):
 def warn(message):
     """A warning from whichever process meets it, not rank 0 alone (another process's files are
     not rank 0's to see): one line on stderr, naming the process."""
-    print(f"{Path(__file__).name}: warning: rank {dist.get_rank()}: {message}", file=sys.stderr,
-          flush=True)
+    # One write: the lines of processes that warn at once never run together.
+    sys.stderr.write(f"{Path(__file__).name}: warning: rank {dist.get_rank()}: {message}\n")
 
 
 def format_seconds(seconds):
@@ -477,7 +477,7 @@ def setup_distributed(args):
     local_rank = int(os.environ.get("LOCAL_RANK", args.local_rank or 0))
     if torch.cuda.is_available():
         if local_rank >= torch.cuda.device_count():
-            # Met by the processes of too high a local rank only: each says so, naming its rank.
+            # Met by the processes of too high a local rank only: each that gets here says so.
             raise ConfigError(f"local rank {local_rank} but only {torch.cuda.device_count()} GPUs "
                               f"are visible: start at most one process per GPU", rank=rank)
         # One GPU per process: set_device makes "cuda" mean this process's GPU, for nccl too.
@@ -502,7 +502,7 @@ def rank0_only(rank, function, *args):
 
     The others wait for rank 0's verdict in a collective rather than a barrier: a ConfigError on
     rank 0 then stops every process with the same error, and none is left waiting on a peer that
-    has exited.
+    has exited. Any other error (a bug) is a traceback on rank 0, and the others stop quietly.
     """
     result, verdict = None, [None]
     if rank == 0:
@@ -510,6 +510,10 @@ def rank0_only(rank, function, *args):
             result = function(*args)
         except ConfigError as err:
             verdict = [(str(err), err.status, err.rank)]
+        except Exception:
+            # A bug, not bad input: its traceback here, and the others stop (exit 1) without one.
+            dist.broadcast_object_list([("", 1, 0)], src=0)
+            raise
     dist.broadcast_object_list(verdict, src=0)
     if verdict[0] is not None:
         raise ConfigError(*verdict[0])
@@ -517,9 +521,23 @@ def rank0_only(rank, function, *args):
 
 
 def rank0_first(rank, function, *args):
-    """Call function on rank 0 first (a download, say), then on the others: no two write a file."""
+    """Call function on rank 0 first (a download, say), then on the others: no two write a file.
+    What rank 0 meets stops all; so does what another process meets after it (its node's own
+    disk): that process reports it, with its rank, and the others stop with it."""
     result = rank0_only(rank, function, *args)
-    return result if rank == 0 else function(*args)
+    error = None
+    if rank != 0:
+        try:
+            result = function(*args)
+        except ConfigError as err:
+            error = (str(err), err.status)
+    errors = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    failed = [r for r, e in enumerate(errors) if e is not None]
+    if failed:
+        message, status = errors[rank] or ("", errors[failed[0]][1])
+        raise ConfigError(message, status, rank=rank if errors[rank] else failed[0])
+    return result
 
 
 def cleanup_distributed():
@@ -983,7 +1001,7 @@ def free_space(path):
 def what_is_intact(args):
     """After a write that failed: what the same command, run again, starts from."""
     start = "no checkpoint"
-    return f"{start}: free some space, then run the same command again"
+    return f"{start}: fix that, then run the same command again"
 
 
 # --- main ---------------------------------------------------------------------------------------
@@ -1080,7 +1098,8 @@ def main(argv=None):
         if err.rank == rank or err.rank is None and rank == 0:
             who = "" if err.rank is None else f"rank {err.rank}: "
             intact = f"; {what_is_intact(args)}" if err.status == EXIT_WRITE_FAILED else ""
-            print(f"{Path(__file__).name}: error: {who}{err}{intact}", file=sys.stderr, flush=True)
+            # One write: the lines of processes that print at once never run together.
+            sys.stderr.write(f"{Path(__file__).name}: error: {who}{err}{intact}\n")
         return err.status
     finally:
         cleanup_distributed()

@@ -280,9 +280,9 @@ def evaluate_batch(model, batch):
 class ConfigError(Exception):
     """An error the user can act on: reported as one line and a non-zero exit, never as a traceback.
 
-    Bad input is met by every process alike: rank 0 alone reports it. An error that one process met
-    and its peers may not have (a GPU it cannot see, a file it cannot write) names that process's
-    rank: that process reports it, and the peers it stopped say nothing.
+    Without a rank, it is one that every process meets (bad input): rank 0 alone reports it. One
+    that a process may meet alone (a GPU it cannot see, a file it cannot write) names that
+    process's rank: that process reports it, and the peers it stopped say nothing.
     """
 
     def __init__(self, message, status=2, rank=None):
@@ -456,8 +456,8 @@ def log(message):
 def warn(message):
     """A warning from whichever process meets it, not rank 0 alone (another process's files are
     not rank 0's to see): one line on stderr, naming the process."""
-    print(f"{Path(__file__).name}: warning: rank {dist.get_rank()}: {message}", file=sys.stderr,
-          flush=True)
+    # One write: the lines of processes that warn at once never run together.
+    sys.stderr.write(f"{Path(__file__).name}: warning: rank {dist.get_rank()}: {message}\n")
 
 
 def format_seconds(seconds):
@@ -532,7 +532,7 @@ def setup_distributed(args):
     local_rank = int(os.environ.get("LOCAL_RANK", args.local_rank or 0))
     if torch.cuda.is_available():
         if local_rank >= torch.cuda.device_count():
-            # Met by the processes of too high a local rank only: each says so, naming its rank.
+            # Met by the processes of too high a local rank only: each that gets here says so.
             raise ConfigError(f"local rank {local_rank} but only {torch.cuda.device_count()} GPUs "
                               f"are visible: start at most one process per GPU", rank=rank)
         # One GPU per process: set_device makes "cuda" mean this process's GPU, for nccl too.
@@ -557,7 +557,7 @@ def rank0_only(rank, function, *args):
 
     The others wait for rank 0's verdict in a collective rather than a barrier: a ConfigError on
     rank 0 then stops every process with the same error, and none is left waiting on a peer that
-    has exited.
+    has exited. Any other error (a bug) is a traceback on rank 0, and the others stop quietly.
     """
     result, verdict = None, [None]
     if rank == 0:
@@ -565,6 +565,10 @@ def rank0_only(rank, function, *args):
             result = function(*args)
         except ConfigError as err:
             verdict = [(str(err), err.status, err.rank)]
+        except Exception:
+            # A bug, not bad input: its traceback here, and the others stop (exit 1) without one.
+            dist.broadcast_object_list([("", 1, 0)], src=0)
+            raise
     dist.broadcast_object_list(verdict, src=0)
     if verdict[0] is not None:
         raise ConfigError(*verdict[0])
@@ -572,9 +576,23 @@ def rank0_only(rank, function, *args):
 
 
 def rank0_first(rank, function, *args):
-    """Call function on rank 0 first (a download, say), then on the others: no two write a file."""
+    """Call function on rank 0 first (a download, say), then on the others: no two write a file.
+    What rank 0 meets stops all; so does what another process meets after it (its node's own
+    disk): that process reports it, with its rank, and the others stop with it."""
     result = rank0_only(rank, function, *args)
-    return result if rank == 0 else function(*args)
+    error = None
+    if rank != 0:
+        try:
+            result = function(*args)
+        except ConfigError as err:
+            error = (str(err), err.status)
+    errors = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    failed = [r for r, e in enumerate(errors) if e is not None]
+    if failed:
+        message, status = errors[rank] or ("", errors[failed[0]][1])
+        raise ConfigError(message, status, rank=rank if errors[rank] else failed[0])
+    return result
 
 
 def release_device_meshes():
@@ -646,8 +664,8 @@ class Preemption:
     def check(self):
         if self.pending is not None:
             work, flag = self.pending
+            self.pending = None  # waited for here, not again in close(), if the wait fails
             work.wait()
-            self.pending = None
             if flag.item() > 0:
                 raise Stop("preempted")
         flag = torch.tensor([float(self.requested)])
@@ -1279,7 +1297,7 @@ def what_is_intact(args):
     """After a write that failed: what the same command, run again, starts from."""
     newest = list_checkpoints(Path(args.out_dir) / "checkpoints")[:1]
     start = f"the newest complete checkpoint is {newest[0]}" if newest else "no checkpoint yet"
-    return f"{start}: free some space, then run the same command again"
+    return f"{start}: fix that, then run the same command again"
 
 
 @dataclasses.dataclass
@@ -1343,7 +1361,16 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)  # what a write cut short left
     dist.barrier()
-    tmp.mkdir(parents=True, exist_ok=True)  # by every process: each writes its own file there
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)  # by every process: each writes its own file there
+        failure = None
+    except OSError as err:
+        failure = str(write_error(tmp, err))
+    failures = [None] * dist.get_world_size()
+    dist.all_gather_object(failures, failure)  # all go on, or all stop: dcp.save is collective
+    if any(failures):
+        failed = next(r for r, f in enumerate(failures) if f)
+        raise ConfigError(failure or "", status=EXIT_WRITE_FAILED, rank=rank if failure else failed)
     # Sharded state dicts: each process's DTensors hold its shards. dcp.save writes them, one file
     # per process, and rank 0 the .metadata that says where each shard of each tensor lies, so any
     # number of processes can read them back. (torch.save on one process would keep its shards
@@ -1358,21 +1385,22 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
         dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp)
     except dcp.api.CheckpointException as err:
         # dcp.save hands every process the failures of all (a shard that a full disk cut short):
-        # those that failed say so, rank 0 removes the partial directory, and all stop here.
+        # those that failed say so, rank 0 removes the partial directory (each node's own, where
+        # nodes do not share a disk, goes at the next save), and all stop here.
         failed = sorted(err.failures)
+        causes = [err.failures[r][0] for r in failed]
+        # torch.save reports a write that its file refused as a RuntimeError ("unexpected pos").
+        if not all(isinstance(c, OSError) or "unexpected pos" in str(c) for c in causes):
+            raise  # not a write that failed: a bug, with its traceback
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
         if rank not in failed:
             raise ConfigError("", status=EXIT_WRITE_FAILED, rank=failed[0]) from None
-        cause = err.failures[rank][0]  # torch.save's RuntimeError, if the disk filled mid-file
-        reason = cause.strerror if isinstance(cause, OSError) else \
+        cause = err.failures[rank][0]
+        reason = (cause.strerror or str(cause)) if isinstance(cause, OSError) else \
             f"the write was cut short ({str(cause).strip().splitlines()[0]})"
         raise ConfigError(f"cannot write its shards of {path}: {reason} ({free_space(tmp)})",
                           status=EXIT_WRITE_FAILED, rank=rank) from None
-    # Each process writes into --out-dir on its own node: the checkpoint is whole only where all
-    # nodes see one file system. Rank 0 must find every shard, or every process stops.
-    rank0_only(rank, check_shards, tmp, "; every node must write to the same --out-dir, on a file "
-               "system all nodes see")
     checkpoint = {
         # The schedule's position: without it a resumed run would warm up again from step 0.
         "scheduler": scheduler.state_dict(),
@@ -1382,8 +1410,12 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
         "config": vars(args),
         "rank_states": gathered,
     }
-    # Rank 0 writes; the others wait for its verdict: a write that fails stops every process here.
     try:
+        # Each process writes into --out-dir on its own node: the checkpoint is whole only where all
+        # nodes see one file system. Rank 0 must find every shard, or every process stops.
+        rank0_only(rank, check_shards, tmp, "; every node must write to the same --out-dir, on a "
+                   "file system all nodes see")
+        # Rank 0 writes; the others wait for its verdict: a write that fails stops all here.
         rank0_only(rank, atomic_save, checkpoint, tmp / "train_state.pt")
     except ConfigError:
         if rank == 0:
@@ -1620,7 +1652,6 @@ def train(args):
         state.history.append({"epoch": 0, **val_record(evaluate(args, model, val_loader, device,
                                                                 preemption=None))})
         log_epoch(state.history[-1], args.epochs)
-    preemption = Preemption()
 
     out_dir = Path(args.out_dir)
     metrics_path = out_dir / "metrics.jsonl"
@@ -1641,6 +1672,7 @@ def train(args):
     if state.epoch >= args.epochs:
         log(f"nothing to train: the run already completed {state.epoch} epochs; start afresh with "
             f"--resume none or another --out-dir (or, with --lr-schedule constant, raise --epochs)")
+    preemption = Preemption()
 
     try:
         for epoch in range(state.epoch, args.epochs):
@@ -1697,7 +1729,8 @@ def main(argv=None):
         if err.rank == rank or err.rank is None and rank == 0:
             who = "" if err.rank is None else f"rank {err.rank}: "
             intact = f"; {what_is_intact(args)}" if err.status == EXIT_WRITE_FAILED else ""
-            print(f"{Path(__file__).name}: error: {who}{err}{intact}", file=sys.stderr, flush=True)
+            # One write: the lines of processes that print at once never run together.
+            sys.stderr.write(f"{Path(__file__).name}: error: {who}{err}{intact}\n")
         return err.status
     finally:
         cleanup_distributed()

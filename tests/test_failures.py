@@ -20,7 +20,7 @@ import subprocess
 import pytest
 import torch
 
-from conftest import ROOT, TINY, check, launch, script_traceback, weights
+from conftest import IMAGEFOLDER, ROOT, TINY, check, launch, script_traceback, weights
 from test_bad_input import call_main
 from test_resume import assert_bitwise_equal
 
@@ -84,7 +84,7 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_exit_74_and_the_run_resumes_fro
     line = lines[0]
     assert (f"cannot write {disk}/checkpoints/step_000000024.pt: No space left on device" in line
             and "MiB free there); the files already in --out-dir are whole; the newest complete checkpoint is "
-                f"{disk}/checkpoints/step_000000012.pt: free some space, then run the same command" in line), line
+                f"{disk}/checkpoints/step_000000012.pt: fix that, then run the same command again" in line), line
     assert not script_traceback(result, "ddp_full.py"), result.stderr
     assert stopped_together(result, EXIT_WRITE_FAILED), result.stderr
     assert [p.name for p in (left / "checkpoints").iterdir()] == ["step_000000012.pt"]
@@ -107,8 +107,8 @@ def test_a_full_disk_at_a_sharded_checkpoint_leaves_no_partial_directory_and_res
     assert 1 <= len(lines) <= 2 and len({line.split(":")[2] for line in lines}) == len(lines), lines
     for line in lines:
         assert re.search(rf"rank \d: cannot write its shards of {disk}/checkpoints/step_000000024: ", line), line
-        assert (f"the newest complete checkpoint is {disk}/checkpoints/step_000000012: free some space, then "
-                "run the same command" in line), line
+        assert (f"the newest complete checkpoint is {disk}/checkpoints/step_000000012: fix that, then run "
+                "the same command again" in line), line
     assert not script_traceback(result, "fsdp.py"), result.stderr
     assert stopped_together(result, EXIT_WRITE_FAILED), result.stderr
     assert [p.name for p in (left / "checkpoints").iterdir()] == ["step_000000012"]
@@ -156,6 +156,18 @@ def test_more_processes_than_gpus_is_a_line_from_each_process_that_has_no_gpu(sc
                                             "--out-dir", str(tmp_path)], nproc=2, env={"FEWER_GPUS": "1"})
     assert error_lines(result, script) == [f"{script}: error: rank 1: local rank 1 but only 1 GPUs are visible: "
                                            f"start at most one process per GPU"], result.stderr
+    assert not script_traceback(result, script), result.stderr
+    assert stopped_together(result, 2), result.stderr
+
+
+@pytest.mark.parametrize("script", ["ddp_basic.py", "fsdp.py"])
+def test_data_that_one_process_cannot_see_is_a_line_from_that_process(script, image_tree, tmp_path):
+    # Rank 0 reads the data first (rank0_first), then the others: rank 1 finds no train/ directory.
+    result = launch("tests/missing_on_one_rank.py", [str(ROOT / script), *IMAGEFOLDER, "--data-dir", str(image_tree),
+                                                     "--out-dir", str(tmp_path)],
+                    nproc=2, env={"MISSING_RANK": "1", "MISSING_DIR": str(image_tree / "train")})
+    lines = error_lines(result, script)
+    assert len(lines) == 1 and lines[0].startswith(f"{script}: error: rank 1: no directory "), result.stderr
     assert not script_traceback(result, script), result.stderr
     assert stopped_together(result, 2), result.stderr
 

@@ -94,7 +94,7 @@ MANIFEST = {
         },
         "removed": {"get_device": "group"},
         "flags_added": {"--backend", "--local-rank", "--timeout-min"},
-        "diff_size": (187, 68),
+        "diff_size": (206, 68),
     },
     "ddp_amp_accum.py": {
         "concepts": [
@@ -320,6 +320,6 @@ MANIFEST = {
         "flags_added": set(),
         "flags_removed": {"--bucket-cap-mb": "FSDP gathers and reduce-scatters per unit: no DDP buckets",
                           "--gradient-as-bucket-view": "no DDP buckets to view"},
-        "diff_size": (344, 122),
+        "diff_size": (358, 122),
     },
 }

@@ -602,4 +602,17 @@ PITFALLS = [
                                 "        if rank not in failed:\n",
                      "        if rank not in failed:\n"),
     },
+    {
+        "title": "A process that cannot see the data, silent",
+        "mistake": "rank 0 reads the data first, then the others, each on its own: a ConfigError on another "
+                   "process is printed by rank 0 only, which did not meet it",
+        "symptom": "a node whose disk lacks the data exits with status 2 and no line; rank 0 runs on into DDP's "
+                   "first collective and dies there on a closed connection, a traceback",
+        "correct": "after the others have read it, one all-gather of their verdicts: each process that failed "
+                   "prints its line with its rank, and every process stops there (`rank0_first`)",
+        "fix": [("ddp_basic.py", "raise ConfigError(message, status, rank=rank if errors[rank] else failed[0])")],
+        "guards": ["tests/test_failures.py::test_data_that_one_process_cannot_see_is_a_line_from_that_process"],
+        "mutation": ("ddp_basic.py", "raise ConfigError(message, status, rank=rank if errors[rank] else failed[0])",
+                     "raise ConfigError(message, status)"),
+    },
 ]
