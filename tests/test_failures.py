@@ -148,7 +148,9 @@ def test_a_full_disk_under_ddp_stops_every_process_at_the_same_write(can_mount, 
 
 # --- an error that only some processes meet ------------------------------------------------------
 
-@pytest.mark.parametrize("script", DDP_SCRIPTS)
+# The first tier runs the script users copy; the second tier the other three.
+@pytest.mark.parametrize("script", [pytest.param(s, marks=[] if s == "ddp_full.py" else pytest.mark.slow)
+                                    for s in DDP_SCRIPTS])
 def test_more_processes_than_gpus_is_a_line_from_each_process_that_has_no_gpu(script, tmp_path):
     # Rank 1 meets the check; rank 0 meets nothing and says nothing. (With more processes than that,
     # the first to exit makes torchrun stop the others, some perhaps before they reach the check.)
@@ -160,7 +162,7 @@ def test_more_processes_than_gpus_is_a_line_from_each_process_that_has_no_gpu(sc
     assert stopped_together(result, 2), result.stderr
 
 
-@pytest.mark.parametrize("script", ["ddp_basic.py", "fsdp.py"])
+@pytest.mark.parametrize("script", ["ddp_basic.py", pytest.param("fsdp.py", marks=pytest.mark.slow)])
 def test_data_that_one_process_cannot_see_is_a_line_from_that_process(script, image_tree, tmp_path):
     # Rank 0 reads the data first (rank0_first), then the others: rank 1 finds no train/ directory.
     result = launch("tests/missing_on_one_rank.py", [str(ROOT / script), *IMAGEFOLDER, "--data-dir", str(image_tree),
