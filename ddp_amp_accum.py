@@ -2,6 +2,7 @@
 
     torchrun --standalone --nproc_per_node=4 ddp_amp_accum.py --amp bf16 --accum-steps 4
     python ddp_amp_accum.py                                     # a world of one process
+    # [optional: legacy launcher]
     python -m torch.distributed.launch --nproc_per_node=4 ddp_amp_accum.py   # the legacy launcher
 
 To train something else, edit the section "your data and model" and nothing else.
@@ -37,6 +38,12 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import (DataLoader, Dataset, DistributedSampler, Sampler, Subset,
                               TensorDataset, default_collate)
+
+# How this file reads: first what you edit (your data and model), then the program -- one epoch
+# of training and of validation, main, the device or the processes, the data loaders, the optimizer
+# --, then the machinery that serves it, each of its sections marked "Skip on a first reading".
+# A "# [optional: NAME]" line may be deleted with what it stands above (a statement, or a line of
+# one), as may a line that ends in that tag: all of one NAME at once, for a simpler trainer.
 
 # torchvision is imported inside the functions that need it: it takes seconds to import, and the
 # default run (synthetic data, small CNN) does not use it.
@@ -196,6 +203,7 @@ def build_model(args, num_outputs):
     return models.get_model(args.model, num_classes=num_outputs)
 
 
+# [optional: init-from]
 def pretrained_weights(args):
     """The state dict that --init-from pretrained loads: torchvision's weights for --model, read
     from torch's download cache. Never downloaded here: every process of every node would fetch
@@ -237,606 +245,7 @@ def evaluate_batch(model, batch):
     return torch.stack([loss.double(), correct.double()]), labels.numel()
 
 
-# --- config -------------------------------------------------------------------------------------
-
-class ConfigError(Exception):
-    """An error the user can act on: reported as one line and a non-zero exit, never as a traceback.
-
-    Without a rank, it is one that every process meets (bad input): rank 0 alone reports it. One
-    that a process may meet alone (a GPU it cannot see, a file it cannot write) names that
-    process's rank: that process reports it, and the peers it stopped say nothing.
-    """
-
-    def __init__(self, message, status=2, rank=None):
-        super().__init__(message)
-        self.status, self.rank = status, rank
-
-
-def no_pretrained_weights(args):
-    raise ConfigError("this task has no pretrained weights for --init-from pretrained: define "
-                      "pretrained_weights(args) in the section \"your data and model\"")
-
-
-# What the rest of the script takes from the section "your data and model": each name, what it
-# must be, and the default that a section without it gets (REQUIRED: none, the script stops).
-REQUIRED = object()
-TASK_HOOKS = {
-    "build_datasets": ("build_datasets(args) returns (train_set, val_set, num_outputs)", REQUIRED),
-    "build_model": ("build_model(args, num_outputs) returns the model", REQUIRED),
-    "batch_loss": ("batch_loss(model, batch) returns (the mean loss to train on, the batch's "
-                   "sample count)", REQUIRED),
-    "evaluate_batch": ("evaluate_batch(model, batch) returns (the batch's sums of EVAL_METRICS, "
-                       "its sample count)", REQUIRED),
-    "EVAL_METRICS": ("EVAL_METRICS names the metrics whose sums evaluate_batch returns", REQUIRED),
-    "add_task_arguments": ("add_task_arguments(parser) adds the task's flags",
-                           lambda parser: None),
-    "pretrained_weights": ("pretrained_weights(args) returns the state dict of --init-from "
-                           "pretrained", no_pretrained_weights),
-    "channels_last_pays": ("channels_last_pays(args, device) says whether channels-last memory "
-                           "order speeds the model up", lambda args, device: False),
-}
-
-
-def check_task():
-    """Before any work: a hook the section lacks gets its default, or stops the script in one line
-    that names it (a copy of the section made before the hook existed has no such name)."""
-    for name, (what, default) in TASK_HOOKS.items():
-        if name not in globals():
-            if default is REQUIRED:
-                raise ConfigError(f"the section \"your data and model\" has no {name}: {what}")
-            globals()[name] = default
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """--help states each default; a flag without a fixed one (None) states it in its own help."""
-
-    def _get_help_string(self, action):
-        if action.default is None or action.default is False:
-            return action.help
-        return super()._get_help_string(action)
-
-
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=HelpFormatter)
-    parser.add_argument("--epochs", type=int, default=5, help="passes over the training set")
-    parser.add_argument("--batch-size", type=int, default=64,
-                        help="samples per process per micro-batch; the global batch is batch size "
-                             "x world size x accumulation steps")
-    parser.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd",
-                        help="SGD with momentum, or AdamW")
-    parser.add_argument("--lr", type=float, default=None,
-                        help="peak learning rate for the global batch, used as given (default: "
-                             "0.03 with sgd, 1e-3 with adamw)")
-    parser.add_argument("--lr-schedule", choices=["cosine", "constant"], default="cosine",
-                        help="cosine: linear warm-up to --lr, then cosine decay to 0 at the last "
-                             "step; constant: --lr throughout, no warm-up")
-    parser.add_argument("--warmup-epochs", type=float, default=1.0,
-                        help="epochs of linear warm-up of the cosine schedule")
-    parser.add_argument("--weight-decay", type=float, default=None,
-                        help="decay of weight matrices and kernels, not of biases and norm "
-                             "weights (default: 5e-4 with sgd, 0.05 with adamw)")
-    parser.add_argument("--seed", type=int, default=0, help="seeds the model, data and shuffle")
-    parser.add_argument("--workers", type=int, default=None,
-                        help="data loader processes per process (default: 0 for data already in "
-                             "memory as tensors, where workers only add copies; for files, this "
-                             "process's share of its CPUs less one, 1 to 8)")
-    parser.add_argument("--out-dir", default=None, help="output folder (default: runs/<script>)")
-    parser.add_argument("--log-interval", type=int, default=20,
-                        help="optimizer steps between progress lines")
-    parser.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
-                        help="4-D inputs and weights in channels-last memory order (default: where "
-                             "it pays: on GPUs, and on CPU for models measured faster with it)")
-    parser.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=True,
-                        help="CUDA: float32 matmuls and convolutions on tensor cores (TF32)")
-    parser.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction, default=True,
-                        help="CUDA: cuDNN times its algorithms per input shape, keeps the fastest")
-    parser.add_argument("--compile", action="store_true",
-                        help="compile the model with torch.compile: faster steps on GPUs after "
-                             "a minute or more of compiling; measured slower on CPU (default: off)")
-    parser.add_argument("--init-from", default=None,
-                        help="start from these weights: a model.pt of any step, a state dict, or "
-                             "'pretrained': the task's published weights (pretrained_weights)")
-    add_task_arguments(parser)
-    parser.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none",
-                        help="autocast the forward to this precision; fp16 adds a GradScaler")
-    parser.add_argument("--accum-steps", type=int, default=1,
-                        help="micro-batches whose gradients are summed before each optimizer step")
-    parser.add_argument("--clip-grad-norm", type=float, default=0.0,
-                        help="clip the global gradient norm to this value; 0 turns clipping off")
-    parser.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
-                        help="process group backend; auto is nccl with CUDA, gloo without")
-    parser.add_argument("--timeout-min", type=float, default=30.0,
-                        help="minutes a process waits for the others in a collective before the "
-                             "job fails (nccl's own default is 10)")
-    # torch.distributed.launch passes --local-rank=N (--local_rank before torch 2.0); torchrun sets
-    # the LOCAL_RANK environment variable instead, which wins when both are present.
-    parser.add_argument("--local-rank", "--local_rank", type=int, default=None,
-                        help="set by the legacy launcher; torchrun sets LOCAL_RANK instead")
-    args = parser.parse_args(argv)
-    if args.out_dir is None:
-        args.out_dir = os.path.join("runs", Path(__file__).stem)
-    # The optimizers want rates and decays of different sizes: the chosen one's, unless given.
-    for name, value in OPTIMIZER_DEFAULTS[args.optimizer].items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-    return args
-
-
-# The least value of each numeric setting (None, a default decided later, is not checked), and the
-# settings that must be positive.
-AT_LEAST = {"epochs": 1, "batch_size": 1, "log_interval": 1, "workers": 0, "weight_decay": 0,
-            "warmup_epochs": 0, "accum_steps": 1, "clip_grad_norm": 0}
-POSITIVE = ("lr", "timeout_min")
-
-
-def check_args(args):
-    """Reject settings that cannot work before any process does any work."""
-    for name, least in AT_LEAST.items():
-        value = getattr(args, name)
-        if value is not None and value < least:
-            raise ConfigError(f"--{name.replace('_', '-')} must be at least {least}, got {value}")
-    for name in POSITIVE:
-        value = getattr(args, name)
-        if value <= 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
-    if args.init_from not in (None, "pretrained") and not os.path.isfile(args.init_from):
-        raise ConfigError(f"--init-from {args.init_from!r}: no such file")
-
-
-def set_seed(seed):
-    """Seed every generator the training code draws from (Python's and torch's, CPU and CUDA)."""
-    random.seed(seed)
-    torch.manual_seed(seed)
-
-
-# --- logging ------------------------------------------------------------------------------------
-
-def log(message):
-    """Print on rank 0 only: every process runs this code, and one copy of each line is enough."""
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        print(message, flush=True)
-
-
-def warn(message):
-    """A warning from whichever process meets it, not rank 0 alone (another process's files are
-    not rank 0's to see): one line on stderr, naming the process."""
-    # One write: the lines of processes that warn at once never run together.
-    sys.stderr.write(f"{Path(__file__).name}: warning: rank {dist.get_rank()}: {message}\n")
-
-
-def format_seconds(seconds):
-    seconds = int(max(seconds, 0))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-
-
-def describe(model):
-    millions = sum(p.numel() for p in model.parameters()) / 1e6
-    return f"{type(model).__name__} ({millions:.2f} M parameters)"
-
-
-def peak_memory(device):
-    """For progress lines: the most memory this process's tensors have held on the GPU so far."""
-    if device.type != "cuda":
-        return ""
-    return f" | peak memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB"
-
-
-def write_metrics(path, history):
-    """Write one JSON object per epoch, a line each, as a whole new file (atomic_save): a crash or a
-    full disk leaves the previous version, never half a line."""
-    atomic_save("".join(json.dumps(record) + "\n" for record in history).encode(), path)
-
-
-def log_recipe(args):
-    log(f"optimizer {args.optimizer} | lr {args.lr:g}, schedule {args.lr_schedule} | weight decay "
-        f"{args.weight_decay:g} | compile {'on' if args.compile else 'off'}")
-
-
-def log_epoch(record, epochs):
-    metrics = " ".join(f"val_{name} {record[f'val_{name}']:.4f}" for name in EVAL_METRICS)
-    unreadable = record.get("train_unreadable", 0) + record["val_unreadable"]  # epoch 0: val only
-    skipped = f" | unreadable files skipped: {unreadable}" if unreadable else ""
-    if record["epoch"] == 0:  # the starting weights of a fine-tuning run: no training yet
-        log(f"epoch 0/{epochs} (starting weights) {metrics} ({record['val_samples']} samples)"
-            f"{skipped}")
-        return
-    log(f"epoch {record['epoch']}/{epochs} train_loss {record['train_loss']:.4f} {metrics} "
-        f"({record['val_samples']} samples) | {record['samples_per_sec']:.0f} samples/s{skipped}")
-
-
-# --- distributed --------------------------------------------------------------------------------
-
-def setup_distributed(args):
-    """Join the process group; return (rank, local_rank, world_size, device).
-
-    torchrun sets RANK (this process among all), LOCAL_RANK (among those on this machine) and
-    WORLD_SIZE. Without them, as under plain `python`, this process is a world of one.
-    """
-    # torch.distributed.nn.functional's collectives take the default process group as a default
-    # argument, read once, as the module is imported. torch imports it lazily, with torch.compile or
-    # at the first forward on the meta device (check_model_fits); imported after init_process_group,
-    # it would keep the group alive after destroy_process_group, its gloo threads running until the
-    # interpreter's exit, where they can abort a finished run ("terminate called without an active
-    # exception"). Imported now, its defaults hold None.
-    from torch.distributed.nn import functional  # noqa: F401
-
-    # What exists now, the imported modules, lives as long as the process: frozen, the garbage
-    # collector never walks it again, so cleanup_distributed's collection and the interpreter's at
-    # exit are quick. All made from here on, the process group first, is collected as usual.
-    gc.freeze()
-    backend = args.backend
-    if backend == "auto":
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl" and not torch.cuda.is_available():
-        raise ConfigError("--backend nccl needs CUDA GPUs and none is available; "
-                          "use --backend gloo on CPU")
-    launched = "RANK" in os.environ
-    rank = int(os.environ.get("RANK", 0))
-    world_size = int(os.environ.get("WORLD_SIZE", 1))
-    local_rank = int(os.environ.get("LOCAL_RANK", args.local_rank or 0))
-    if torch.cuda.is_available():
-        if local_rank >= torch.cuda.device_count():
-            # Met by the processes of too high a local rank only: each that gets here says so.
-            raise ConfigError(f"local rank {local_rank} but only {torch.cuda.device_count()} GPUs "
-                              f"are visible: start at most one process per GPU", rank=rank)
-        # One GPU per process: set_device makes "cuda" mean this process's GPU, for nccl too.
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    # A collective that waits longer than this ends the job (nccl's watchdog, gloo's error): the
-    # most that one process may work alone while the others wait for it.
-    timeout = datetime.timedelta(minutes=args.timeout_min)
-    if launched:
-        dist.init_process_group(backend, timeout=timeout,
-                                device_id=device if device.type == "cuda" else None)
-    else:
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
-                                timeout=timeout)
-    return rank, local_rank, world_size, device
-
-
-def rank0_only(rank, function, *args):
-    """Call function on rank 0 alone; a ConfigError it raises stops every process with its line.
-
-    The others wait for rank 0's verdict in a collective rather than a barrier: a ConfigError on
-    rank 0 then stops every process with the same error, and none is left waiting on a peer that
-    has exited. Any other error (a bug) is a traceback on rank 0, and the others stop quietly.
-    """
-    result, verdict = None, [None]
-    if rank == 0:
-        try:
-            result = function(*args)
-        except ConfigError as err:
-            verdict = [(str(err), err.status, err.rank)]
-        except Exception:
-            # A bug, not bad input: its traceback here, and the others stop (exit 1) without one.
-            dist.broadcast_object_list([("", 1, 0)], src=0)
-            raise
-    dist.broadcast_object_list(verdict, src=0)
-    if verdict[0] is not None:
-        raise ConfigError(*verdict[0])
-    return result
-
-
-def rank0_first(rank, function, *args):
-    """Call function on rank 0 first (a download, say), then on the others: no two write a file.
-    What rank 0 meets stops all; so does what another process meets after it (its node's own
-    disk): that process reports it, with its rank, and the others stop with it."""
-    result = rank0_only(rank, function, *args)
-    error = None
-    if rank != 0:
-        try:
-            result = function(*args)
-        except ConfigError as err:
-            error = (str(err), err.status)
-    errors = [None] * dist.get_world_size()
-    dist.all_gather_object(errors, error)
-    failed = [r for r, e in enumerate(errors) if e is not None]
-    if failed:
-        message, status = errors[rank] or ("", errors[failed[0]][1])
-        raise ConfigError(message, status, rank=rank if errors[rank] else failed[0])
-    return result
-
-
-def cleanup_distributed():
-    """Leave the process group after the DDP model is gone.
-
-    gloo can abort a worker at exit ("terminate called without an active exception") while a DDP
-    model is still alive at destroy_process_group(): the caller's model and optimizer are out of
-    scope by now, and collecting garbage releases them before the group goes.
-    """
-    gc.collect()
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def configure_cuda(args, device):
-    """Speed settings: CUDA's libraries (on CPU they change nothing), and the memory layout."""
-    if args.channels_last is None:
-        args.channels_last = channels_last_pays(args, device)
-    # TF32 multiplies float32 on tensor cores with a 10-bit mantissa (sums stay float32): several
-    # times faster on Ampere and later GPUs, at about fp16's precision per product.
-    torch.backends.cuda.matmul.allow_tf32 = args.tf32
-    torch.backends.cudnn.allow_tf32 = args.tf32
-    # cuDNN times its algorithms for each new input shape and keeps the fastest; its choice can
-    # differ between runs, so GPU runs are not bitwise repeatable with it.
-    torch.backends.cudnn.benchmark = args.cudnn_benchmark
-
-
-# --- data loading -------------------------------------------------------------------------------
-
-class SeededSamples(Dataset):
-    """The training set, each sample loaded with random draws that are a pure function of
-    (seed, epoch, index): the same crop and flip whichever process or worker loads it, with any
-    --workers, any world size, and after a resume.
-
-    Left alone, a transform draws from the generators of the process that loads the sample: a
-    worker's, seeded once when the worker starts (a resumed run starts new ones), or the main
-    process's. A transform qualifies if it draws from torch's or Python's global generator, as
-    torchvision's do (numpy's is not seeded here). The loading process's own generators are left
-    as they were.
-
-    A sample whose file cannot be read (truncated, corrupt, gone) gives its place to the next
-    readable one in index order, loaded with the key's seed: a choice made from the key alone,
-    so that every exactness promise holds (each process, worker and resume makes the same one).
-    Each item is (sample, [] or [its unreadable file]); the training loop reports and counts it.
-    """
-
-    def __init__(self, dataset, seed):
-        self.dataset, self.seed = dataset, seed
-
-    def __len__(self):
-        return len(self.dataset)
-
-    def __getitem__(self, key):
-        epoch, index = key
-        if isinstance(self.dataset, TensorDataset):
-            return self.dataset[index], []  # tensors in memory: no transform to seed, no file
-        seed = ((self.seed * 1_000_003 + epoch) * 1_000_000_007 + index) % 2**63
-        unreadable, tries = [], min(MAX_UNREADABLE_IN_A_ROW + 1, len(self.dataset))
-        for offset in range(tries):
-            try:
-                return self.load((index + offset) % len(self.dataset), seed), unreadable
-            except UNREADABLE as err:
-                # This sample's own file is reported (once per epoch); the others tried in its
-                # place are reported by their own keys.
-                unreadable = unreadable or [describe_unreadable(self.dataset, index, err)]
-        raise OSError(f"{tries} samples in a row cannot be read, from {unreadable[0]}")
-
-    def load(self, index, seed):
-        if torch.utils.data.get_worker_info() is not None:
-            # A worker's generators serve its samples alone: seed them and load.
-            torch.default_generator.manual_seed(seed)  # the CPU's alone: torch.manual_seed costs
-            random.seed(seed)                          # 90 us a call, seeding every device
-            return self.dataset[index]
-        # In the main process they also serve the model (dropout): put them back afterwards.
-        torch_state, python_state = torch.get_rng_state(), random.getstate()
-        torch.default_generator.manual_seed(seed)
-        random.seed(seed)
-        try:
-            return self.dataset[index]
-        finally:
-            torch.set_rng_state(torch_state)
-            random.setstate(python_state)
-
-
-class ReadableSamples(Dataset):
-    """The validation set, each item (sample, []) or, where its file cannot be read, (None, [the
-    file]): the sample is left out and reported. A stand-in would count another sample twice."""
-
-    def __init__(self, dataset):
-        self.dataset = dataset
-
-    def __len__(self):
-        return len(self.dataset)
-
-    def __getitem__(self, index):
-        try:
-            return self.dataset[index], []
-        except UNREADABLE as err:
-            return None, [describe_unreadable(self.dataset, index, err)]
-
-
-def describe_unreadable(dataset, index, err):
-    """'file (reason)' for a sample that cannot be read: its file where the data set lists them
-    (torchvision's ImageFolder and DatasetFolder: .samples), else its index."""
-    # An OSError's own words where it has them; PIL's name the file object: that is left out.
-    reason = getattr(err, "strerror", None) or str(err).split(" <")[0]
-    while isinstance(dataset, Subset):
-        dataset, index = dataset.dataset, dataset.indices[index]
-    try:
-        entry = dataset.samples[index]
-    except (AttributeError, LookupError, TypeError):
-        entry = None
-    path = entry[0] if isinstance(entry, (tuple, list)) and entry else entry
-    return f"{path if isinstance(path, (str, os.PathLike)) else f'sample {index}'} ({reason})"
-
-
-def collate_readable(items):
-    """(the batch of the readable samples, or None if there is none, the files that were not)."""
-    samples = [sample for sample, _ in items if sample is not None]
-    unreadable = [name for _, names in items for name in names]
-    return (default_collate(samples) if samples else None), unreadable
-
-
-class EpochKeys(Sampler):
-    """The wrapped sampler's indices as (epoch, index): the keys SeededSamples seeds from."""
-
-    def __init__(self, sampler):
-        self.sampler, self.epoch = sampler, 0
-
-    def set_epoch(self, epoch):
-        self.epoch = epoch
-        if hasattr(self.sampler, "set_epoch"):
-            self.sampler.set_epoch(epoch)
-
-    def __iter__(self):
-        return ((self.epoch, index) for index in self.sampler)
-
-    def __len__(self):
-        return len(self.sampler)
-
-    def __getattr__(self, name):
-        """Anything else is the wrapped sampler's (its generator, set_start, num_samples)."""
-        if name == "sampler":
-            raise AttributeError(name)
-        return getattr(self.sampler, name)
-
-
-def default_workers(train_set):
-    """Data in memory as tensors: none, since workers would only copy it. Files: one worker per CPU
-    this process may use (its CPU affinity, shared by the processes on this node), but one left to
-    the training process, at least 1 and at most 8."""
-    if isinstance(train_set, TensorDataset):
-        return 0
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    per_process = (cpus or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    return max(1, min(8, per_process - 1))
-
-
-def build_loaders(args, train_set, val_set, device, rank, world_size):
-    # Every process draws the same permutation of (seed, epoch) and takes every world_size-th
-    # sample of it from position rank: together they see what one process would see. It pads
-    # with repeated samples until the set divides evenly, so every process runs as many steps.
-    # Each index comes as (epoch, index), the key of its random augmentation (SeededSamples).
-    train_sampler = EpochKeys(DistributedSampler(train_set, num_replicas=world_size, rank=rank,
-                                                 shuffle=True, seed=args.seed))
-    workers = args.workers if args.workers is not None else default_workers(train_set)
-    loader_args = dict(
-        batch_size=args.batch_size,
-        num_workers=workers,
-        persistent_workers=workers > 0,
-        # Page-locked host memory lets the copy to the GPU run asynchronously (non_blocking=True).
-        pin_memory=device.type == "cuda",
-        # Each item is (sample, unreadable files): a batch comes as (batch, unreadable files).
-        collate_fn=collate_readable,
-        # The loader's own generator seeds its workers (augmentation is seeded per sample anyway),
-        # leaving the global RNG to the model.
-        generator=torch.Generator().manual_seed(args.seed + rank),
-    )
-    train_loader = DataLoader(SeededSamples(train_set, args.seed), sampler=train_sampler,
-                              **loader_args)
-    val_loader = DataLoader(ReadableSamples(val_set), shuffle=False, **loader_args)
-    return train_loader, val_loader
-
-
-def to_device(batch, device, channels_last):
-    """The batch (a tensor, or tuples, lists and dicts of them) on the device, 4-D tensors in the
-    model's memory order. non_blocking: a copy from pinned memory overlaps the GPU's work."""
-    if isinstance(batch, torch.Tensor):
-        fmt = torch.channels_last if channels_last and batch.dim() == 4 else torch.preserve_format
-        return batch.to(device, non_blocking=True, memory_format=fmt)
-    if isinstance(batch, dict):
-        return {key: to_device(value, device, channels_last) for key, value in batch.items()}
-    return type(batch)(to_device(value, device, channels_last) for value in batch)
-
-
-# --- model --------------------------------------------------------------------------------------
-
-def check_model_fits(args, num_outputs, train_set, val_set):
-    """One sample through the model on the meta device (shapes only: no memory, no arithmetic).
-    A model that cannot take the data (a ViT built for 224-pixel images, fed 32) is a ConfigError
-    here, in one line, rather than a traceback in the first step; so is a data set none of whose
-    first samples can be read."""
-    # A file that cannot be read is skipped in training and validation alike, but a set none of
-    # whose first samples can be read is no data set. The model meets a validation sample.
-    for dataset in (train_set, val_set):
-        try:
-            sample, _ = SeededSamples(dataset, args.seed)[(0, 0)]
-        except OSError as err:
-            raise ConfigError(f"the data cannot be read: {err}") from None
-    with torch.device("meta"):
-        model = build_model(args, num_outputs).eval()
-    try:
-        evaluate_batch(model, to_device(default_collate([sample]), "meta", False))
-    except NotImplementedError:
-        return  # an operation with no meta implementation: no verdict, the first step will tell
-    except (RuntimeError, ValueError, AssertionError, TypeError, IndexError) as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"the model does not fit the data: {reason}") from None
-
-
-def read_state_dict(path):
-    """The weights in a file: a model.pt, a plain state dict, or a checkpoint holding "model"."""
-    try:
-        # weights_only: tensors and plain containers only, so loading a file runs no code from it.
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else "empty or truncated"
-        raise ConfigError(f"--init-from {path} cannot be read: {reason}") from None
-    if isinstance(state, dict) and isinstance(state.get("model"), dict):
-        state = state["model"]  # a training checkpoint
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ConfigError(f"--init-from {path} holds no state dict")
-    # Wrappers put a prefix before every key -- DDP's and DataParallel's "module.", torch.compile's
-    # "_orig_mod." -- that the plain model does not have.
-    prefixes = ("module.", "_orig_mod.")
-    while state and (prefix := next((p for p in prefixes if all(k.startswith(p) for k in state)),
-                                    None)):
-        state = {key.removeprefix(prefix): value for key, value in state.items()}
-    return state
-
-
-def init_weights_from(args, model):
-    """Load --init-from into the model before training: fine-tuning. Every key must fit, but
-    pretrained weights' layers of another shape (a classifier for another number of classes) keep
-    their fresh weights, to be trained for this task."""
-    own, fresh = model.state_dict(), []
-    if args.init_from == "pretrained":
-        state = pretrained_weights(args)
-        fresh = sorted(k for k, v in state.items() if k in own and v.shape != own[k].shape)
-        state.update({key: own[key] for key in fresh})
-    else:
-        state = read_state_dict(args.init_from)
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as err:
-        reason = " ".join(str(err).split())[:300]
-        raise ConfigError(f"--init-from {args.init_from} does not fit the model: {reason}") \
-            from None
-    log(f"weights from {args.init_from}" + (f"; fresh: {', '.join(fresh)}" if fresh else ""))
-
-
-# --- optimizer and schedule ---------------------------------------------------------------------
-
-def build_optimizer(args, model):
-    """SGD with momentum or AdamW; weight decay on weight matrices and convolution kernels only.
-
-    Decay pulls weights toward zero to keep the fit simple. Biases and normalisation weights are a
-    few numbers per channel that shift and scale activations: decaying them regularises little and
-    pulls the network off its fit (timm and nanoGPT leave them out, as here)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    if args.optimizer == "adamw":
-        return torch.optim.AdamW(groups, lr=args.lr)
-    return torch.optim.SGD(groups, lr=args.lr, momentum=MOMENTUM)
-
-
-def lr_factor(args, step, steps_per_epoch):
-    """The learning rate of optimizer step `step` (0, 1, ...) as a fraction of --lr.
-
-    Warm-up: the first gradients of random weights are large and erratic, and a large global
-    batch takes large steps; rising linearly to --lr lets the weights settle first. Then cosine
-    decay lowers the rate smoothly, to 0 after the last step, so training ends in small steps."""
-    if args.lr_schedule == "constant":
-        return 1.0
-    warmup = round(args.warmup_epochs * steps_per_epoch)
-    if step < warmup:
-        return (step + 1) / warmup
-    total = args.epochs * steps_per_epoch
-    return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(total - warmup, 1)))
-
-
-def build_scheduler(args, optimizer, steps_per_epoch):
-    """The learning-rate schedule: scheduler.step() once per optimizer step, never per batch."""
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(args, step, steps_per_epoch))
-
-
-# --- train/eval ---------------------------------------------------------------------------------
+# --- train/eval -----------------------------------------------------------------------------------
 
 def autocast(args, device):
     """The forward in --amp's precision where autocast allows it (matmuls, convolutions)."""
@@ -945,66 +354,7 @@ def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds, lr
             "train_seconds": train_seconds, "val_seconds": val_seconds, "lr": lr}
 
 
-# --- checkpointing ------------------------------------------------------------------------------
-
-def prepare_out_dir(args):
-    """Create --out-dir and make sure a file can be written there, before any training."""
-    try:
-        Path(args.out_dir).mkdir(parents=True, exist_ok=True)
-        # Writing a file is the one sure test: permissions, read-only mounts and a file standing
-        # where the directory should be all fail here, in one line, instead of after the last epoch.
-        with tempfile.TemporaryFile(dir=args.out_dir):
-            pass
-    except OSError as err:
-        raise ConfigError(f"cannot write to --out-dir {args.out_dir}: {err.strerror or err}")
-
-
-def atomic_save(obj, path):
-    """Write obj (bytes, or what torch.save takes) to a temporary file, then rename: a reader sees
-    the old file or the new, never half. A write that fails leaves the old file and no temporary
-    one, and is a ConfigError (write_error)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(obj) if isinstance(obj, bytes) else torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except (OSError, RuntimeError) as err:
-        # torch.save reports a write that its file refused as a RuntimeError ("unexpected pos"),
-        # raised while the OSError (errno 28: no space left) is handled.
-        cause = err if isinstance(err, OSError) else err.__context__
-        if not isinstance(cause, OSError):
-            raise
-        raise write_error(path, cause) from None
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def write_error(path, err):
-    """A file that cannot be written (a full disk, a permission), as one line: which, why, the
-    space left on its file system. Written files are replaced whole or not at all (atomic_save)."""
-    return ConfigError(f"cannot write {path}: {err.strerror or err} ({free_space(path)}); the "
-                       f"files already in --out-dir are whole", status=EXIT_WRITE_FAILED)
-
-
-def free_space(path):
-    try:
-        return f"{shutil.disk_usage(Path(path).parent).free / 2**20:.2f} MiB free there"
-    except OSError:
-        return "free space unknown"
-
-
-def what_is_intact(args):
-    """After a write that failed: what the same command, run again, starts from."""
-    start = "no checkpoint"
-    return f"{start}: fix that, then run the same command again"
-
-
-# --- main ---------------------------------------------------------------------------------------
+# --- main -----------------------------------------------------------------------------------------
 
 def train(args):
     rank, local_rank, world_size, device = setup_distributed(args)
@@ -1012,19 +362,19 @@ def train(args):
     # Rank 0 writes the results: if it cannot, every process stops now, not after training.
     rank0_only(rank, prepare_out_dir, args)
     train_set, val_set, num_outputs = rank0_first(rank, build_datasets, args)
-    if len(train_set) < world_size:
-        raise ConfigError(f"{world_size} processes but only {len(train_set)} training samples: "
-                          f"every process needs at least one")
+    # [optional: model check]
     check_model_fits(args, num_outputs, train_set, val_set)
     train_loader, val_loader = build_loaders(args, train_set, val_set, device, rank, world_size)
     set_seed(args.seed)
     model = build_model(args, num_outputs)
+    # [optional: init-from]
     if args.init_from:
         # Rank 0 reads the weights; DDP hands them to every process when it wraps the model.
         rank0_only(rank, init_weights_from, args, model)
     layout = torch.channels_last if args.channels_last else torch.preserve_format
     model = model.to(device, memory_format=layout)
     log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
+    # [optional: compile]
     if args.compile:
         # In place, before DDP wraps it: dynamo skips DDP's forward (torch.nn's code), so a compiled
         # wrapper compiles only what DDP calls, nothing of a model whose forward is torch.nn's
@@ -1045,6 +395,7 @@ def train(args):
     set_seed(args.seed + rank)
 
     history = []  # metrics.jsonl's records (rank 0's)
+    # [optional: init-from]
     if args.init_from and rank == 0:
         # The starting weights' score, what fine-tuning must improve on: epoch 0 in metrics.jsonl.
         history.append({"epoch": 0, **val_record(evaluate(args, model.module, val_loader, device))})
@@ -1104,6 +455,690 @@ def main(argv=None):
     finally:
         cleanup_distributed()
     return 0
+
+
+# --- distributed ----------------------------------------------------------------------------------
+
+def setup_distributed(args):
+    """Join the process group; return (rank, local_rank, world_size, device).
+
+    torchrun sets RANK (this process among all), LOCAL_RANK (among those on this machine) and
+    WORLD_SIZE. Without them, as under plain `python`, this process is a world of one.
+    """
+    # torch.distributed.nn.functional's collectives take the default process group as a default
+    # argument, read once, as the module is imported. torch imports it lazily, with torch.compile or
+    # at the first forward on the meta device (check_model_fits); imported after init_process_group,
+    # it would keep the group alive after destroy_process_group, its gloo threads running until the
+    # interpreter's exit, where they can abort a finished run ("terminate called without an active
+    # exception"). Imported now, its defaults hold None.
+    from torch.distributed.nn import functional  # noqa: F401
+
+    # What exists now, the imported modules, lives as long as the process: frozen, the garbage
+    # collector never walks it again, so cleanup_distributed's collection and the interpreter's at
+    # exit are quick. All made from here on, the process group first, is collected as usual.
+    gc.freeze()
+    backend = args.backend
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise ConfigError("--backend nccl needs CUDA GPUs and none is available; "
+                          "use --backend gloo on CPU")
+    launched = "RANK" in os.environ
+    rank = int(os.environ.get("RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if torch.cuda.is_available():
+        if local_rank >= torch.cuda.device_count():
+            # Met by the processes of too high a local rank only: each that gets here says so.
+            raise ConfigError(f"local rank {local_rank} but only {torch.cuda.device_count()} GPUs "
+                              f"are visible: start at most one process per GPU", rank=rank)
+        # One GPU per process: set_device makes "cuda" mean this process's GPU, for nccl too.
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    # A collective that waits longer than this ends the job (nccl's watchdog, gloo's error): the
+    # most that one process may work alone while the others wait for it.
+    timeout = datetime.timedelta(minutes=args.timeout_min)
+    if launched:
+        dist.init_process_group(backend, timeout=timeout,
+                                device_id=device if device.type == "cuda" else None)
+    else:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=timeout)
+    return rank, local_rank, world_size, device
+
+
+def rank0_only(rank, function, *args):
+    """Call function on rank 0 alone; a ConfigError it raises stops every process with its line.
+
+    The others wait for rank 0's verdict in a collective rather than a barrier: a ConfigError on
+    rank 0 then stops every process with the same error, and none is left waiting on a peer that
+    has exited. Any other error (a bug) is a traceback on rank 0, and the others stop quietly.
+    """
+    result, verdict = None, [None]
+    if rank == 0:
+        try:
+            result = function(*args)
+        except ConfigError as err:
+            verdict = [(str(err), err.status, err.rank)]
+        except Exception:
+            # A bug, not bad input: its traceback here, and the others stop (exit 1) without one.
+            dist.broadcast_object_list([("", 1, 0)], src=0)
+            raise
+    dist.broadcast_object_list(verdict, src=0)
+    if verdict[0] is not None:
+        raise ConfigError(*verdict[0])
+    return result
+
+
+def rank0_first(rank, function, *args):
+    """Call function on rank 0 first (a download, say), then on the others: no two write a file.
+    What rank 0 meets stops all; so does what another process meets after it (its node's own
+    disk): that process reports it, with its rank, and the others stop with it."""
+    result = rank0_only(rank, function, *args)
+    error = None
+    if rank != 0:
+        try:
+            result = function(*args)
+        except ConfigError as err:
+            error = (str(err), err.status)
+    errors = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    failed = [r for r, e in enumerate(errors) if e is not None]
+    if failed:
+        message, status = errors[rank] or ("", errors[failed[0]][1])
+        raise ConfigError(message, status, rank=rank if errors[rank] else failed[0])
+    return result
+
+
+def cleanup_distributed():
+    """Leave the process group after the DDP model is gone.
+
+    gloo can abort a worker at exit ("terminate called without an active exception") while a DDP
+    model is still alive at destroy_process_group(): the caller's model and optimizer are out of
+    scope by now, and collecting garbage releases them before the group goes.
+    """
+    gc.collect()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# --- data loading ---------------------------------------------------------------------------------
+
+def build_loaders(args, train_set, val_set, device, rank, world_size):
+    if len(train_set) < world_size:
+        raise ConfigError(f"{world_size} processes but only {len(train_set)} training samples: "
+                          f"every process needs at least one")
+    # Every process draws the same permutation of (seed, epoch) and takes every world_size-th
+    # sample of it from position rank: together they see what one process would see. It pads
+    # with repeated samples until the set divides evenly, so every process runs as many steps.
+    # Each index comes as (epoch, index), the key of its random augmentation (SeededSamples).
+    train_sampler = EpochKeys(DistributedSampler(train_set, num_replicas=world_size, rank=rank,
+                                                 shuffle=True, seed=args.seed))
+    workers = args.workers if args.workers is not None else default_workers(train_set)
+    loader_args = dict(
+        batch_size=args.batch_size,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        # Page-locked host memory lets the copy to the GPU run asynchronously (non_blocking=True).
+        pin_memory=device.type == "cuda",
+        # Each item is (sample, unreadable files): a batch comes as (batch, unreadable files).
+        collate_fn=collate_readable,
+        # The loader's own generator seeds its workers (augmentation is seeded per sample anyway),
+        # leaving the global RNG to the model.
+        generator=torch.Generator().manual_seed(args.seed + rank),
+    )
+    train_loader = DataLoader(SeededSamples(train_set, args.seed), sampler=train_sampler,
+                              **loader_args)
+    val_loader = DataLoader(ReadableSamples(val_set), shuffle=False, **loader_args)
+    return train_loader, val_loader
+
+
+def to_device(batch, device, channels_last):
+    """The batch (a tensor, or tuples, lists and dicts of them) on the device, 4-D tensors in the
+    model's memory order. non_blocking: a copy from pinned memory overlaps the GPU's work."""
+    if isinstance(batch, torch.Tensor):
+        fmt = torch.channels_last if channels_last and batch.dim() == 4 else torch.preserve_format
+        return batch.to(device, non_blocking=True, memory_format=fmt)
+    if isinstance(batch, dict):
+        return {key: to_device(value, device, channels_last) for key, value in batch.items()}
+    return type(batch)(to_device(value, device, channels_last) for value in batch)
+
+
+class EpochKeys(Sampler):
+    """The wrapped sampler's indices as (epoch, index): the keys SeededSamples seeds from."""
+
+    def __init__(self, sampler):
+        self.sampler, self.epoch = sampler, 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def __iter__(self):
+        return ((self.epoch, index) for index in self.sampler)
+
+    def __len__(self):
+        return len(self.sampler)
+
+    def __getattr__(self, name):
+        """Anything else is the wrapped sampler's (its generator, set_start, num_samples)."""
+        if name == "sampler":
+            raise AttributeError(name)
+        return getattr(self.sampler, name)
+
+
+# --- optimizer and schedule -----------------------------------------------------------------------
+
+def build_optimizer(args, model):
+    """SGD with momentum or AdamW; weight decay on weight matrices and convolution kernels only.
+
+    Decay pulls weights toward zero to keep the fit simple. Biases and normalisation weights are a
+    few numbers per channel that shift and scale activations: decaying them regularises little and
+    pulls the network off its fit (timm and nanoGPT leave them out, as here)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    if args.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=args.lr)
+    return torch.optim.SGD(groups, lr=args.lr, momentum=MOMENTUM)
+
+
+def lr_factor(args, step, steps_per_epoch):
+    """The learning rate of optimizer step `step` (0, 1, ...) as a fraction of --lr.
+
+    Warm-up: the first gradients of random weights are large and erratic, and a large global
+    batch takes large steps; rising linearly to --lr lets the weights settle first. Then cosine
+    decay lowers the rate smoothly, to 0 after the last step, so training ends in small steps."""
+    if args.lr_schedule == "constant":
+        return 1.0
+    warmup = round(args.warmup_epochs * steps_per_epoch)
+    if step < warmup:
+        return (step + 1) / warmup
+    total = args.epochs * steps_per_epoch
+    return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(total - warmup, 1)))
+
+
+def build_scheduler(args, optimizer, steps_per_epoch):
+    """The learning-rate schedule: scheduler.step() once per optimizer step, never per batch."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(args, step, steps_per_epoch))
+
+
+# --- checkpointing --------------------------------------------------------------------------------
+
+def prepare_out_dir(args):
+    """Create --out-dir and make sure a file can be written there, before any training."""
+    try:
+        Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+        # Writing a file is the one sure test: permissions, read-only mounts and a file standing
+        # where the directory should be all fail here, in one line, instead of after the last epoch.
+        with tempfile.TemporaryFile(dir=args.out_dir):
+            pass
+    except OSError as err:
+        raise ConfigError(f"cannot write to --out-dir {args.out_dir}: {err.strerror or err}")
+
+
+# --- device ---------------------------------------------------------------------------------------
+# Skip on a first reading: the GPU's settings for speed (TF32, cuDNN's autotuning).
+
+def configure_cuda(args, device):
+    """Speed settings: CUDA's libraries (on CPU they change nothing), and the memory layout."""
+    if args.channels_last is None:
+        args.channels_last = channels_last_pays(args, device)
+    # TF32 multiplies float32 on tensor cores with a 10-bit mantissa (sums stay float32): several
+    # times faster on Ampere and later GPUs, at about fp16's precision per product.
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
+    torch.backends.cudnn.allow_tf32 = args.tf32
+    # cuDNN times its algorithms for each new input shape and keeps the fastest; its choice can
+    # differ between runs, so GPU runs are not bitwise repeatable with it.
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
+
+
+# --- writing files --------------------------------------------------------------------------------
+# Skip on a first reading: a file written whole: a temporary file, then a rename; one line if not.
+
+def atomic_save(obj, path):
+    """Write obj (bytes, or what torch.save takes) to a temporary file, then rename: a reader sees
+    the old file or the new, never half. A write that fails leaves the old file and no temporary
+    one, and is a ConfigError (write_error)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(obj) if isinstance(obj, bytes) else torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as err:
+        # torch.save reports a write that its file refused as a RuntimeError ("unexpected pos"),
+        # raised while the OSError (errno 28: no space left) is handled.
+        cause = err if isinstance(err, OSError) else err.__context__
+        if not isinstance(cause, OSError):
+            raise
+        raise write_error(path, cause) from None
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_error(path, err):
+    """A file that cannot be written (a full disk, a permission), as one line: which, why, the
+    space left on its file system. Written files are replaced whole or not at all (atomic_save)."""
+    return ConfigError(f"cannot write {path}: {err.strerror or err} ({free_space(path)}); the "
+                       f"files already in --out-dir are whole", status=EXIT_WRITE_FAILED)
+
+
+def free_space(path):
+    try:
+        return f"{shutil.disk_usage(Path(path).parent).free / 2**20:.2f} MiB free there"
+    except OSError:
+        return "free space unknown"
+
+
+def what_is_intact(args):
+    """After a write that failed: what the same command, run again, starts from."""
+    start = "no checkpoint"
+    return f"{start}: fix that, then run the same command again"
+
+
+# --- samples --------------------------------------------------------------------------------------
+# Skip on a first reading: samples the same in every run, whatever the workers; unreadable files.
+
+class SeededSamples(Dataset):
+    """The training set, each sample loaded with random draws that are a pure function of
+    (seed, epoch, index): the same crop and flip whichever process or worker loads it, with any
+    --workers, any world size, and after a resume.
+
+    Left alone, a transform draws from the generators of the process that loads the sample: a
+    worker's, seeded once when the worker starts (a resumed run starts new ones), or the main
+    process's. A transform qualifies if it draws from torch's or Python's global generator, as
+    torchvision's do (numpy's is not seeded here). The loading process's own generators are left
+    as they were.
+
+    A sample whose file cannot be read (truncated, corrupt, gone) gives its place to the next
+    readable one in index order, loaded with the key's seed: a choice made from the key alone,
+    so that every exactness promise holds (each process, worker and resume makes the same one).
+    Each item is (sample, [] or [its unreadable file]); the training loop reports and counts it.
+    """
+
+    def __init__(self, dataset, seed):
+        self.dataset, self.seed = dataset, seed
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, key):
+        epoch, index = key
+        if isinstance(self.dataset, TensorDataset):
+            return self.dataset[index], []  # tensors in memory: no transform to seed, no file
+        seed = ((self.seed * 1_000_003 + epoch) * 1_000_000_007 + index) % 2**63
+        unreadable, tries = [], min(MAX_UNREADABLE_IN_A_ROW + 1, len(self.dataset))
+        for offset in range(tries):
+            try:
+                return self.load((index + offset) % len(self.dataset), seed), unreadable
+            except UNREADABLE as err:
+                # This sample's own file is reported (once per epoch); the others tried in its
+                # place are reported by their own keys.
+                unreadable = unreadable or [describe_unreadable(self.dataset, index, err)]
+        raise OSError(f"{tries} samples in a row cannot be read, from {unreadable[0]}")
+
+    def load(self, index, seed):
+        if torch.utils.data.get_worker_info() is not None:
+            # A worker's generators serve its samples alone: seed them and load.
+            torch.default_generator.manual_seed(seed)  # the CPU's alone: torch.manual_seed costs
+            random.seed(seed)                          # 90 us a call, seeding every device
+            return self.dataset[index]
+        # In the main process they also serve the model (dropout): put them back afterwards.
+        torch_state, python_state = torch.get_rng_state(), random.getstate()
+        torch.default_generator.manual_seed(seed)
+        random.seed(seed)
+        try:
+            return self.dataset[index]
+        finally:
+            torch.set_rng_state(torch_state)
+            random.setstate(python_state)
+
+
+class ReadableSamples(Dataset):
+    """The validation set, each item (sample, []) or, where its file cannot be read, (None, [the
+    file]): the sample is left out and reported. A stand-in would count another sample twice."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        try:
+            return self.dataset[index], []
+        except UNREADABLE as err:
+            return None, [describe_unreadable(self.dataset, index, err)]
+
+
+def describe_unreadable(dataset, index, err):
+    """'file (reason)' for a sample that cannot be read: its file where the data set lists them
+    (torchvision's ImageFolder and DatasetFolder: .samples), else its index."""
+    # An OSError's own words where it has them; PIL's name the file object: that is left out.
+    reason = getattr(err, "strerror", None) or str(err).split(" <")[0]
+    while isinstance(dataset, Subset):
+        dataset, index = dataset.dataset, dataset.indices[index]
+    try:
+        entry = dataset.samples[index]
+    except (AttributeError, LookupError, TypeError):
+        entry = None
+    path = entry[0] if isinstance(entry, (tuple, list)) and entry else entry
+    return f"{path if isinstance(path, (str, os.PathLike)) else f'sample {index}'} ({reason})"
+
+
+def collate_readable(items):
+    """(the batch of the readable samples, or None if there is none, the files that were not)."""
+    samples = [sample for sample, _ in items if sample is not None]
+    unreadable = [name for _, names in items for name in names]
+    return (default_collate(samples) if samples else None), unreadable
+
+
+def default_workers(train_set):
+    """Data in memory as tensors: none, since workers would only copy it. Files: one worker per CPU
+    this process may use (its CPU affinity, shared by the processes on this node), but one left to
+    the training process, at least 1 and at most 8."""
+    if isinstance(train_set, TensorDataset):
+        return 0
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    per_process = (cpus or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    return max(1, min(8, per_process - 1))
+
+
+# --- model ----------------------------------------------------------------------------------------
+# Skip on a first reading: the model tried on the data before the first step; --init-from.
+
+# [optional: model check]
+def check_model_fits(args, num_outputs, train_set, val_set):
+    """One sample through the model on the meta device (shapes only: no memory, no arithmetic).
+    A model that cannot take the data (a ViT built for 224-pixel images, fed 32) is a ConfigError
+    here, in one line, rather than a traceback in the first step; so is a data set none of whose
+    first samples can be read."""
+    # A file that cannot be read is skipped in training and validation alike, but a set none of
+    # whose first samples can be read is no data set. The model meets a validation sample.
+    for dataset in (train_set, val_set):
+        try:
+            sample, _ = SeededSamples(dataset, args.seed)[(0, 0)]
+        except OSError as err:
+            raise ConfigError(f"the data cannot be read: {err}") from None
+    with torch.device("meta"):
+        model = build_model(args, num_outputs).eval()
+    try:
+        evaluate_batch(model, to_device(default_collate([sample]), "meta", False))
+    except NotImplementedError:
+        return  # an operation with no meta implementation: no verdict, the first step will tell
+    except (RuntimeError, ValueError, AssertionError, TypeError, IndexError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"the model does not fit the data: {reason}") from None
+
+
+# [optional: init-from]
+def read_state_dict(path):
+    """The weights in a file: a model.pt, a plain state dict, or a checkpoint holding "model"."""
+    try:
+        # weights_only: tensors and plain containers only, so loading a file runs no code from it.
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else "empty or truncated"
+        raise ConfigError(f"--init-from {path} cannot be read: {reason}") from None
+    if isinstance(state, dict) and isinstance(state.get("model"), dict):
+        state = state["model"]  # a training checkpoint
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ConfigError(f"--init-from {path} holds no state dict")
+    # Wrappers put a prefix before every key -- DDP's and DataParallel's "module.", torch.compile's
+    # "_orig_mod." -- that the plain model does not have.
+    prefixes = ("module.", "_orig_mod.")
+    while state and (prefix := next((p for p in prefixes if all(k.startswith(p) for k in state)),
+                                    None)):
+        state = {key.removeprefix(prefix): value for key, value in state.items()}
+    return state
+
+
+# [optional: init-from]
+def init_weights_from(args, model):
+    """Load --init-from into the model before training: fine-tuning. Every key must fit, but
+    pretrained weights' layers of another shape (a classifier for another number of classes) keep
+    their fresh weights, to be trained for this task."""
+    own, fresh = model.state_dict(), []
+    if args.init_from == "pretrained":
+        state = pretrained_weights(args)
+        fresh = sorted(k for k, v in state.items() if k in own and v.shape != own[k].shape)
+        state.update({key: own[key] for key in fresh})
+    else:
+        state = read_state_dict(args.init_from)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as err:
+        reason = " ".join(str(err).split())[:300]
+        raise ConfigError(f"--init-from {args.init_from} does not fit the model: {reason}") \
+            from None
+    log(f"weights from {args.init_from}" + (f"; fresh: {', '.join(fresh)}" if fresh else ""))
+
+
+# --- config ---------------------------------------------------------------------------------------
+# Skip on a first reading: the flags, and their checks before anything starts.
+
+class ConfigError(Exception):
+    """An error the user can act on: reported as one line and a non-zero exit, never as a traceback.
+
+    Without a rank, it is one that every process meets (bad input): rank 0 alone reports it. One
+    that a process may meet alone (a GPU it cannot see, a file it cannot write) names that
+    process's rank: that process reports it, and the peers it stopped say nothing.
+    """
+
+    def __init__(self, message, status=2, rank=None):
+        super().__init__(message)
+        self.status, self.rank = status, rank
+
+
+def no_pretrained_weights(args):
+    raise ConfigError("this task has no pretrained weights for --init-from pretrained: define "
+                      "pretrained_weights(args) in the section \"your data and model\"")
+
+
+# What the rest of the script takes from the section "your data and model": each name, what it
+# must be, and the default that a section without it gets (REQUIRED: none, the script stops).
+REQUIRED = object()
+
+
+TASK_HOOKS = {
+    "build_datasets": ("build_datasets(args) returns (train_set, val_set, num_outputs)", REQUIRED),
+    "build_model": ("build_model(args, num_outputs) returns the model", REQUIRED),
+    "batch_loss": ("batch_loss(model, batch) returns (the mean loss to train on, the batch's "
+                   "sample count)", REQUIRED),
+    "evaluate_batch": ("evaluate_batch(model, batch) returns (the batch's sums of EVAL_METRICS, "
+                       "its sample count)", REQUIRED),
+    "EVAL_METRICS": ("EVAL_METRICS names the metrics whose sums evaluate_batch returns", REQUIRED),
+    "add_task_arguments": ("add_task_arguments(parser) adds the task's flags",
+                           lambda parser: None),
+    "pretrained_weights": ("pretrained_weights(args) returns the state dict of --init-from "
+                           "pretrained", no_pretrained_weights),
+    "channels_last_pays": ("channels_last_pays(args, device) says whether channels-last memory "
+                           "order speeds the model up", lambda args, device: False),
+}
+
+
+def check_task():
+    """Before any work: a hook the section lacks gets its default, or stops the script in one line
+    that names it (a copy of the section made before the hook existed has no such name)."""
+    for name, (what, default) in TASK_HOOKS.items():
+        if name not in globals():
+            if default is REQUIRED:
+                raise ConfigError(f"the section \"your data and model\" has no {name}: {what}")
+            globals()[name] = default
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help states each default; a flag without a fixed one (None) states it in its own help."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=HelpFormatter)
+    parser.add_argument("--epochs", type=int, default=5, help="passes over the training set")
+    parser.add_argument("--batch-size", type=int, default=64,
+                        help="samples per process per micro-batch; the global batch is batch size "
+                             "x world size x accumulation steps")
+    parser.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd",
+                        help="SGD with momentum, or AdamW")
+    parser.add_argument("--lr", type=float, default=None,
+                        help="peak learning rate for the global batch, used as given (default: "
+                             "0.03 with sgd, 1e-3 with adamw)")
+    parser.add_argument("--lr-schedule", choices=["cosine", "constant"], default="cosine",
+                        help="cosine: linear warm-up to --lr, then cosine decay to 0 at the last "
+                             "step; constant: --lr throughout, no warm-up")
+    parser.add_argument("--warmup-epochs", type=float, default=1.0,
+                        help="epochs of linear warm-up of the cosine schedule")
+    parser.add_argument("--weight-decay", type=float, default=None,
+                        help="decay of weight matrices and kernels, not of biases and norm "
+                             "weights (default: 5e-4 with sgd, 0.05 with adamw)")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the model, data and shuffle")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="data loader processes per process (default: 0 for data already in "
+                             "memory as tensors, where workers only add copies; for files, this "
+                             "process's share of its CPUs less one, 1 to 8)")
+    parser.add_argument("--out-dir", default=None, help="output folder (default: runs/<script>)")
+    parser.add_argument("--log-interval", type=int, default=20,
+                        help="optimizer steps between progress lines")
+    parser.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
+                        help="4-D inputs and weights in channels-last memory order (default: where "
+                             "it pays: on GPUs, and on CPU for models measured faster with it)")
+    parser.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=True,
+                        help="CUDA: float32 matmuls and convolutions on tensor cores (TF32)")
+    parser.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction, default=True,
+                        help="CUDA: cuDNN times its algorithms per input shape, keeps the fastest")
+    # [optional: compile]
+    parser.add_argument("--compile", action="store_true",
+                        help="compile the model with torch.compile: faster steps on GPUs after "
+                             "a minute or more of compiling; measured slower on CPU (default: off)")
+    # [optional: init-from]
+    parser.add_argument("--init-from", default=None,
+                        help="start from these weights: a model.pt of any step, a state dict, or "
+                             "'pretrained': the task's published weights (pretrained_weights)")
+    add_task_arguments(parser)
+    parser.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none",
+                        help="autocast the forward to this precision; fp16 adds a GradScaler")
+    parser.add_argument("--accum-steps", type=int, default=1,
+                        help="micro-batches whose gradients are summed before each optimizer step")
+    parser.add_argument("--clip-grad-norm", type=float, default=0.0,
+                        help="clip the global gradient norm to this value; 0 turns clipping off")
+    parser.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
+                        help="process group backend; auto is nccl with CUDA, gloo without")
+    parser.add_argument("--timeout-min", type=float, default=30.0,
+                        help="minutes a process waits for the others in a collective before the "
+                             "job fails (nccl's own default is 10)")
+    # [optional: legacy launcher]
+    # torch.distributed.launch passes --local-rank=N (--local_rank before torch 2.0) as well as
+    # setting LOCAL_RANK, as torchrun does: the flag is accepted, and LOCAL_RANK read.
+    parser.add_argument("--local-rank", "--local_rank", type=int, default=None,
+                        help="set by the legacy launcher; torchrun sets LOCAL_RANK instead")
+    args = parser.parse_args(argv)
+    if args.out_dir is None:
+        args.out_dir = os.path.join("runs", Path(__file__).stem)
+    # The optimizers want rates and decays of different sizes: the chosen one's, unless given.
+    for name, value in OPTIMIZER_DEFAULTS[args.optimizer].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return args
+
+
+# The least value of each numeric setting (None, a default decided later, is not checked), and the
+# settings that must be positive.
+AT_LEAST = {"epochs": 1, "batch_size": 1, "log_interval": 1, "workers": 0, "weight_decay": 0,
+            "warmup_epochs": 0, "accum_steps": 1, "clip_grad_norm": 0}
+
+
+POSITIVE = ("lr", "timeout_min")
+
+
+def check_args(args):
+    """Reject settings that cannot work before any process does any work."""
+    for name, least in AT_LEAST.items():
+        value = getattr(args, name)
+        if value is not None and value < least:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least {least}, got {value}")
+    for name in POSITIVE:
+        value = getattr(args, name)
+        if value <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    # [optional: init-from]
+    if args.init_from not in (None, "pretrained") and not os.path.isfile(args.init_from):
+        raise ConfigError(f"--init-from {args.init_from!r}: no such file")
+
+
+def set_seed(seed):
+    """Seed every generator the training code draws from (Python's and torch's, CPU and CUDA)."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# --- logging --------------------------------------------------------------------------------------
+# Skip on a first reading: what a run prints, and metrics.jsonl.
+
+def log(message):
+    """Print on rank 0 only: every process runs this code, and one copy of each line is enough."""
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(message, flush=True)
+
+
+def warn(message):
+    """A warning from whichever process meets it, not rank 0 alone (another process's files are
+    not rank 0's to see): one line on stderr, naming the process."""
+    # One write: the lines of processes that warn at once never run together.
+    sys.stderr.write(f"{Path(__file__).name}: warning: rank {dist.get_rank()}: {message}\n")
+
+
+def format_seconds(seconds):
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def describe(model):
+    millions = sum(p.numel() for p in model.parameters()) / 1e6
+    return f"{type(model).__name__} ({millions:.2f} M parameters)"
+
+
+def peak_memory(device):
+    """For progress lines: the most memory this process's tensors have held on the GPU so far."""
+    if device.type != "cuda":
+        return ""
+    return f" | peak memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB"
+
+
+def write_metrics(path, history):
+    """Write one JSON object per epoch, a line each, as a whole new file (atomic_save): a crash or a
+    full disk leaves the previous version, never half a line."""
+    atomic_save("".join(json.dumps(record) + "\n" for record in history).encode(), path)
+
+
+def log_recipe(args):
+    log(f"optimizer {args.optimizer} | lr {args.lr:g}, schedule {args.lr_schedule} | weight decay "
+        f"{args.weight_decay:g}")
+
+
+def log_epoch(record, epochs):
+    metrics = " ".join(f"val_{name} {record[f'val_{name}']:.4f}" for name in EVAL_METRICS)
+    unreadable = record.get("train_unreadable", 0) + record["val_unreadable"]  # epoch 0: val only
+    skipped = f" | unreadable files skipped: {unreadable}" if unreadable else ""
+    if record["epoch"] == 0:  # the starting weights of a fine-tuning run: no training yet
+        log(f"epoch 0/{epochs} (starting weights) {metrics} ({record['val_samples']} samples)"
+            f"{skipped}")
+        return
+    log(f"epoch {record['epoch']}/{epochs} train_loss {record['train_loss']:.4f} {metrics} "
+        f"({record['val_samples']} samples) | {record['samples_per_sec']:.0f} samples/s{skipped}")
 
 
 if __name__ == "__main__":

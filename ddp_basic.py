@@ -2,6 +2,7 @@
 
     torchrun --standalone --nproc_per_node=4 ddp_basic.py      # 4 GPUs, or 4 CPU processes (gloo)
     python ddp_basic.py                                         # a world of one process
+    # [optional: legacy launcher]
     python -m torch.distributed.launch --nproc_per_node=4 ddp_basic.py   # the legacy launcher
 
 To train something else, edit the section "your data and model" and nothing else.
@@ -32,6 +33,12 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import (DataLoader, Dataset, DistributedSampler, Sampler, Subset,
                               TensorDataset, default_collate)
+
+# How this file reads: first what you edit (your data and model), then the program -- one epoch
+# of training and of validation, main, the device or the processes, the data loaders, the optimizer
+# --, then the machinery that serves it, each of its sections marked "Skip on a first reading".
+# A "# [optional: NAME]" line may be deleted with what it stands above (a statement, or a line of
+# one), as may a line that ends in that tag: all of one NAME at once, for a simpler trainer.
 
 # torchvision is imported inside the functions that need it: it takes seconds to import, and the
 # default run (synthetic data, small CNN) does not use it.
@@ -190,6 +197,7 @@ def build_model(args, num_outputs):
     return models.get_model(args.model, num_classes=num_outputs)
 
 
+# [optional: init-from]
 def pretrained_weights(args):
     """The state dict that --init-from pretrained loads: torchvision's weights for --model, read
     from torch's download cache. Never downloaded here: every process of every node would fetch
@@ -231,209 +239,183 @@ def evaluate_batch(model, batch):
     return torch.stack([loss.double(), correct.double()]), labels.numel()
 
 
-# --- config -------------------------------------------------------------------------------------
+# --- train/eval -----------------------------------------------------------------------------------
 
-class ConfigError(Exception):
-    """An error the user can act on: reported as one line and a non-zero exit, never as a traceback.
+def train_one_epoch(args, model, loader, optimizer, scheduler, device, epoch):
+    """Train for one epoch; return [loss sum, samples, unreadable files] over the epoch,
+    all processes."""
+    model.train()
+    totals = torch.zeros(3, dtype=torch.float64, device=device)
+    num_steps = len(loader)
+    start = time.perf_counter()
+    for batch_index, (batch, unreadable) in enumerate(loader):
+        # A file that could not be read gave its place to the next readable one (SeededSamples).
+        for name in unreadable:
+            warn(f"cannot read {name}: trained on the next readable sample in its place")
+        totals[2] += len(unreadable)
+        batch = to_device(batch, device, args.channels_last)
+        loss, count = batch_loss(model, batch)
+        loss.backward()
+        optimizer.step()
+        # The rate this step used, for the progress line; then the schedule moves one step on.
+        lr = scheduler.get_last_lr()[0]
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        # A sum weighted by batch size, so a short last batch counts for what it holds.
+        totals[0] += loss.detach().double() * count
+        totals[1] += count
+        step = batch_index + 1
+        if step % args.log_interval == 0 or step == num_steps:
+            elapsed = time.perf_counter() - start
+            samples = totals[1].item()
+            # Rank 0's own loss, and its throughput times the number of processes.
+            log(f"epoch {epoch + 1}/{args.epochs} step {step}/{num_steps} "
+                f"loss {totals[0].item() / samples:.4f} | lr {lr:.6g} | "
+                f"{samples * dist.get_world_size() / elapsed:.0f} samples/s{peak_memory(device)} | "
+                f"eta {format_seconds(elapsed / step * (num_steps - step))}")
+    # One all-reduce after the loop turns per-process sums into global ones.
+    dist.all_reduce(totals)
+    return totals
 
-    Without a rank, it is one that every process meets (bad input): rank 0 alone reports it. One
-    that a process may meet alone (a GPU it cannot see, a file it cannot write) names that
-    process's rank: that process reports it, and the peers it stopped say nothing.
+
+@torch.no_grad()
+def evaluate(args, model, loader, device):
+    """Return the sums of EVAL_METRICS, the number of samples and of unreadable files over the
+    loader.
+
+    Sums, not means: a mean over batches of different sizes is not the mean over samples.
     """
-
-    def __init__(self, message, status=2, rank=None):
-        super().__init__(message)
-        self.status, self.rank = status, rank
-
-
-def no_pretrained_weights(args):
-    raise ConfigError("this task has no pretrained weights for --init-from pretrained: define "
-                      "pretrained_weights(args) in the section \"your data and model\"")
-
-
-# What the rest of the script takes from the section "your data and model": each name, what it
-# must be, and the default that a section without it gets (REQUIRED: none, the script stops).
-REQUIRED = object()
-TASK_HOOKS = {
-    "build_datasets": ("build_datasets(args) returns (train_set, val_set, num_outputs)", REQUIRED),
-    "build_model": ("build_model(args, num_outputs) returns the model", REQUIRED),
-    "batch_loss": ("batch_loss(model, batch) returns (the mean loss to train on, the batch's "
-                   "sample count)", REQUIRED),
-    "evaluate_batch": ("evaluate_batch(model, batch) returns (the batch's sums of EVAL_METRICS, "
-                       "its sample count)", REQUIRED),
-    "EVAL_METRICS": ("EVAL_METRICS names the metrics whose sums evaluate_batch returns", REQUIRED),
-    "add_task_arguments": ("add_task_arguments(parser) adds the task's flags",
-                           lambda parser: None),
-    "pretrained_weights": ("pretrained_weights(args) returns the state dict of --init-from "
-                           "pretrained", no_pretrained_weights),
-    "channels_last_pays": ("channels_last_pays(args, device) says whether channels-last memory "
-                           "order speeds the model up", lambda args, device: False),
-}
+    model.eval()
+    totals = torch.zeros(len(EVAL_METRICS) + 2, dtype=torch.float64, device=device)
+    for batch, unreadable in loader:
+        for name in unreadable:
+            warn(f"cannot read {name}: left out of validation")
+        totals[-1] += len(unreadable)
+        if batch is not None:  # None: not one sample of the batch could be read
+            batch = to_device(batch, device, args.channels_last)
+            sums, count = evaluate_batch(model, batch)
+            totals[:-2] += sums
+            totals[-2] += count
+    model.train()
+    return totals
 
 
-def check_task():
-    """Before any work: a hook the section lacks gets its default, or stops the script in one line
-    that names it (a copy of the section made before the hook existed has no such name)."""
-    for name, (what, default) in TASK_HOOKS.items():
-        if name not in globals():
-            if default is REQUIRED:
-                raise ConfigError(f"the section \"your data and model\" has no {name}: {what}")
-            globals()[name] = default
+def val_record(val_totals):
+    """Validation's means over all samples, how many samples were counted and how many files
+    could not be read."""
+    count = val_totals[-2].item()
+    record = {f"val_{name}": val_totals[i].item() / count for i, name in enumerate(EVAL_METRICS)}
+    return {**record, "val_samples": int(count), "val_unreadable": int(val_totals[-1].item())}
 
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """--help states each default; a flag without a fixed one (None) states it in its own help."""
-
-    def _get_help_string(self, action):
-        if action.default is None or action.default is False:
-            return action.help
-        return super()._get_help_string(action)
-
-
-def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=HelpFormatter)
-    parser.add_argument("--epochs", type=int, default=5, help="passes over the training set")
-    parser.add_argument("--batch-size", type=int, default=64,
-                        help="samples per process per micro-batch; the global batch is batch size "
-                             "x world size x accumulation steps")
-    parser.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd",
-                        help="SGD with momentum, or AdamW")
-    parser.add_argument("--lr", type=float, default=None,
-                        help="peak learning rate for the global batch, used as given (default: "
-                             "0.03 with sgd, 1e-3 with adamw)")
-    parser.add_argument("--lr-schedule", choices=["cosine", "constant"], default="cosine",
-                        help="cosine: linear warm-up to --lr, then cosine decay to 0 at the last "
-                             "step; constant: --lr throughout, no warm-up")
-    parser.add_argument("--warmup-epochs", type=float, default=1.0,
-                        help="epochs of linear warm-up of the cosine schedule")
-    parser.add_argument("--weight-decay", type=float, default=None,
-                        help="decay of weight matrices and kernels, not of biases and norm "
-                             "weights (default: 5e-4 with sgd, 0.05 with adamw)")
-    parser.add_argument("--seed", type=int, default=0, help="seeds the model, data and shuffle")
-    parser.add_argument("--workers", type=int, default=None,
-                        help="data loader processes per process (default: 0 for data already in "
-                             "memory as tensors, where workers only add copies; for files, this "
-                             "process's share of its CPUs less one, 1 to 8)")
-    parser.add_argument("--out-dir", default=None, help="output folder (default: runs/<script>)")
-    parser.add_argument("--log-interval", type=int, default=20,
-                        help="optimizer steps between progress lines")
-    parser.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
-                        help="4-D inputs and weights in channels-last memory order (default: where "
-                             "it pays: on GPUs, and on CPU for models measured faster with it)")
-    parser.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=True,
-                        help="CUDA: float32 matmuls and convolutions on tensor cores (TF32)")
-    parser.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction, default=True,
-                        help="CUDA: cuDNN times its algorithms per input shape, keeps the fastest")
-    parser.add_argument("--compile", action="store_true",
-                        help="compile the model with torch.compile: faster steps on GPUs after "
-                             "a minute or more of compiling; measured slower on CPU (default: off)")
-    parser.add_argument("--init-from", default=None,
-                        help="start from these weights: a model.pt of any step, a state dict, or "
-                             "'pretrained': the task's published weights (pretrained_weights)")
-    add_task_arguments(parser)
-    parser.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
-                        help="process group backend; auto is nccl with CUDA, gloo without")
-    parser.add_argument("--timeout-min", type=float, default=30.0,
-                        help="minutes a process waits for the others in a collective before the "
-                             "job fails (nccl's own default is 10)")
-    # torch.distributed.launch passes --local-rank=N (--local_rank before torch 2.0); torchrun sets
-    # the LOCAL_RANK environment variable instead, which wins when both are present.
-    parser.add_argument("--local-rank", "--local_rank", type=int, default=None,
-                        help="set by the legacy launcher; torchrun sets LOCAL_RANK instead")
-    args = parser.parse_args(argv)
-    if args.out_dir is None:
-        args.out_dir = os.path.join("runs", Path(__file__).stem)
-    # The optimizers want rates and decays of different sizes: the chosen one's, unless given.
-    for name, value in OPTIMIZER_DEFAULTS[args.optimizer].items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-    return args
+def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds, lr):
+    """One line of metrics.jsonl: means over all samples, the samples counted, the files that
+    could not be read, timings, and the learning rate the schedule has reached."""
+    return {"epoch": epoch + 1, "train_loss": train_totals[0].item() / train_totals[1].item(),
+            "train_unreadable": int(train_totals[2].item()), **val_record(val_totals),
+            "samples_per_sec": train_totals[1].item() / train_seconds,
+            "train_seconds": train_seconds, "val_seconds": val_seconds, "lr": lr}
 
 
-# The least value of each numeric setting (None, a default decided later, is not checked), and the
-# settings that must be positive.
-AT_LEAST = {"epochs": 1, "batch_size": 1, "log_interval": 1, "workers": 0, "weight_decay": 0,
-            "warmup_epochs": 0}
-POSITIVE = ("lr", "timeout_min")
+# --- main -----------------------------------------------------------------------------------------
+
+def train(args):
+    rank, local_rank, world_size, device = setup_distributed(args)
+    configure_cuda(args, device)
+    # Rank 0 writes the results: if it cannot, every process stops now, not after training.
+    rank0_only(rank, prepare_out_dir, args)
+    train_set, val_set, num_outputs = rank0_first(rank, build_datasets, args)
+    # [optional: model check]
+    check_model_fits(args, num_outputs, train_set, val_set)
+    train_loader, val_loader = build_loaders(args, train_set, val_set, device, rank, world_size)
+    set_seed(args.seed)
+    model = build_model(args, num_outputs)
+    # [optional: init-from]
+    if args.init_from:
+        # Rank 0 reads the weights; DDP hands them to every process when it wraps the model.
+        rank0_only(rank, init_weights_from, args, model)
+    layout = torch.channels_last if args.channels_last else torch.preserve_format
+    model = model.to(device, memory_format=layout)
+    log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
+    # [optional: compile]
+    if args.compile:
+        # In place, before DDP wraps it: dynamo skips DDP's forward (torch.nn's code), so a compiled
+        # wrapper compiles only what DDP calls, nothing of a model whose forward is torch.nn's
+        # (nn.Sequential). DDP still cuts the compiled model at its buckets, to overlap all-reduces.
+        model.compile()
+    # DDP broadcasts rank 0's weights at construction and averages gradients during backward.
+    # device_ids names the one GPU this process drives; on CPU it must be left out.
+    model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+    optimizer = build_optimizer(args, model)
+    scheduler = build_scheduler(args, optimizer, steps_per_epoch=len(train_loader))
+
+    # The weights came from the same seed everywhere; from here on each process draws its own
+    # random numbers (dropout, augmentation), or all of them would repeat one draw.
+    set_seed(args.seed + rank)
+
+    history = []  # metrics.jsonl's records (rank 0's)
+    # [optional: init-from]
+    if args.init_from and rank == 0:
+        # The starting weights' score, what fine-tuning must improve on: epoch 0 in metrics.jsonl.
+        history.append({"epoch": 0, **val_record(evaluate(args, model.module, val_loader, device))})
+        log_epoch(history[-1], args.epochs)
+
+    out_dir = Path(args.out_dir)
+    metrics_path = out_dir / "metrics.jsonl"
+    log(f"process group {dist.get_backend()} | {world_size} processes | "
+        f"timeout {args.timeout_min:g} min")
+    log(f"global batch {args.batch_size * world_size} = {args.batch_size} per process x "
+        f"{world_size} processes")
+    log_recipe(args)
+    # Rank 0 writes; the others wait for its verdict: a write that fails stops every process here.
+    rank0_only(rank, write_metrics, metrics_path, history)
+
+    for epoch in range(args.epochs):
+        # Without set_epoch the sampler repeats epoch 0's order in every epoch.
+        train_loader.sampler.set_epoch(epoch)
+        epoch_start = time.perf_counter()
+        train_totals = train_one_epoch(args, model, train_loader, optimizer, scheduler, device,
+                                       epoch)
+        # Rank 0 evaluates the whole set alone, through model.module: the DDP wrapper's forward
+        # would start a collective (a buffer broadcast) that the others never join. They wait in
+        # rank0_only below, at most --timeout-min; ddp_full.py splits validation so none waits.
+        if rank == 0:
+            val_start = time.perf_counter()
+            val_totals = evaluate(args, model.module, val_loader, device)
+            record = epoch_record(epoch, train_totals, val_totals, val_start - epoch_start,
+                                  time.perf_counter() - val_start, scheduler.get_last_lr()[0])
+            history.append(record)
+            log_epoch(record, args.epochs)
+        rank0_only(rank, write_metrics, metrics_path, history)
+
+    save_start = time.perf_counter()
+    # Save the unwrapped model: its keys have no "module." prefix and load into the bare model.
+    rank0_only(rank, atomic_save, model.module.state_dict(), out_dir / "model.pt")
+    log(f"saved {out_dir / 'model.pt'} in {time.perf_counter() - save_start:.2f} s")
 
 
-def check_args(args):
-    """Reject settings that cannot work before any process does any work."""
-    for name, least in AT_LEAST.items():
-        value = getattr(args, name)
-        if value is not None and value < least:
-            raise ConfigError(f"--{name.replace('_', '-')} must be at least {least}, got {value}")
-    for name in POSITIVE:
-        value = getattr(args, name)
-        if value <= 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
-    if args.init_from not in (None, "pretrained") and not os.path.isfile(args.init_from):
-        raise ConfigError(f"--init-from {args.init_from!r}: no such file")
+def main(argv=None):
+    try:
+        check_task()
+        args = parse_args(argv)
+        check_args(args)
+        train(args)
+    except ConfigError as err:
+        # Bad input, which every process meets, is one line from rank 0; an error that one process
+        # met is that process's line, naming it (the peers it stopped say nothing).
+        rank = int(os.environ.get("RANK", 0))
+        if err.rank == rank or err.rank is None and rank == 0:
+            who = "" if err.rank is None else f"rank {err.rank}: "
+            intact = f"; {what_is_intact(args)}" if err.status == EXIT_WRITE_FAILED else ""
+            # One write: the lines of processes that print at once never run together.
+            sys.stderr.write(f"{Path(__file__).name}: error: {who}{err}{intact}\n")
+        return err.status
+    finally:
+        cleanup_distributed()
+    return 0
 
 
-def set_seed(seed):
-    """Seed every generator the training code draws from (Python's and torch's, CPU and CUDA)."""
-    random.seed(seed)
-    torch.manual_seed(seed)
-
-
-# --- logging ------------------------------------------------------------------------------------
-
-def log(message):
-    """Print on rank 0 only: every process runs this code, and one copy of each line is enough."""
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        print(message, flush=True)
-
-
-def warn(message):
-    """A warning from whichever process meets it, not rank 0 alone (another process's files are
-    not rank 0's to see): one line on stderr, naming the process."""
-    # One write: the lines of processes that warn at once never run together.
-    sys.stderr.write(f"{Path(__file__).name}: warning: rank {dist.get_rank()}: {message}\n")
-
-
-def format_seconds(seconds):
-    seconds = int(max(seconds, 0))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-
-
-def describe(model):
-    millions = sum(p.numel() for p in model.parameters()) / 1e6
-    return f"{type(model).__name__} ({millions:.2f} M parameters)"
-
-
-def peak_memory(device):
-    """For progress lines: the most memory this process's tensors have held on the GPU so far."""
-    if device.type != "cuda":
-        return ""
-    return f" | peak memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB"
-
-
-def write_metrics(path, history):
-    """Write one JSON object per epoch, a line each, as a whole new file (atomic_save): a crash or a
-    full disk leaves the previous version, never half a line."""
-    atomic_save("".join(json.dumps(record) + "\n" for record in history).encode(), path)
-
-
-def log_recipe(args):
-    log(f"optimizer {args.optimizer} | lr {args.lr:g}, schedule {args.lr_schedule} | weight decay "
-        f"{args.weight_decay:g} | compile {'on' if args.compile else 'off'}")
-
-
-def log_epoch(record, epochs):
-    metrics = " ".join(f"val_{name} {record[f'val_{name}']:.4f}" for name in EVAL_METRICS)
-    unreadable = record.get("train_unreadable", 0) + record["val_unreadable"]  # epoch 0: val only
-    skipped = f" | unreadable files skipped: {unreadable}" if unreadable else ""
-    if record["epoch"] == 0:  # the starting weights of a fine-tuning run: no training yet
-        log(f"epoch 0/{epochs} (starting weights) {metrics} ({record['val_samples']} samples)"
-            f"{skipped}")
-        return
-    log(f"epoch {record['epoch']}/{epochs} train_loss {record['train_loss']:.4f} {metrics} "
-        f"({record['val_samples']} samples) | {record['samples_per_sec']:.0f} samples/s{skipped}")
-
-
-# --- distributed --------------------------------------------------------------------------------
+# --- distributed ----------------------------------------------------------------------------------
 
 def setup_distributed(args):
     """Join the process group; return (rank, local_rank, world_size, device).
@@ -462,7 +444,7 @@ def setup_distributed(args):
     launched = "RANK" in os.environ
     rank = int(os.environ.get("RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
-    local_rank = int(os.environ.get("LOCAL_RANK", args.local_rank or 0))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if torch.cuda.is_available():
         if local_rank >= torch.cuda.device_count():
             # Met by the processes of too high a local rank only: each that gets here says so.
@@ -540,6 +522,126 @@ def cleanup_distributed():
         dist.destroy_process_group()
 
 
+# --- data loading ---------------------------------------------------------------------------------
+
+def build_loaders(args, train_set, val_set, device, rank, world_size):
+    if len(train_set) < world_size:
+        raise ConfigError(f"{world_size} processes but only {len(train_set)} training samples: "
+                          f"every process needs at least one")
+    # Every process draws the same permutation of (seed, epoch) and takes every world_size-th
+    # sample of it from position rank: together they see what one process would see. It pads
+    # with repeated samples until the set divides evenly, so every process runs as many steps.
+    # Each index comes as (epoch, index), the key of its random augmentation (SeededSamples).
+    train_sampler = EpochKeys(DistributedSampler(train_set, num_replicas=world_size, rank=rank,
+                                                 shuffle=True, seed=args.seed))
+    workers = args.workers if args.workers is not None else default_workers(train_set)
+    loader_args = dict(
+        batch_size=args.batch_size,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        # Page-locked host memory lets the copy to the GPU run asynchronously (non_blocking=True).
+        pin_memory=device.type == "cuda",
+        # Each item is (sample, unreadable files): a batch comes as (batch, unreadable files).
+        collate_fn=collate_readable,
+        # The loader's own generator seeds its workers (augmentation is seeded per sample anyway),
+        # leaving the global RNG to the model.
+        generator=torch.Generator().manual_seed(args.seed + rank),
+    )
+    train_loader = DataLoader(SeededSamples(train_set, args.seed), sampler=train_sampler,
+                              **loader_args)
+    val_loader = DataLoader(ReadableSamples(val_set), shuffle=False, **loader_args)
+    return train_loader, val_loader
+
+
+def to_device(batch, device, channels_last):
+    """The batch (a tensor, or tuples, lists and dicts of them) on the device, 4-D tensors in the
+    model's memory order. non_blocking: a copy from pinned memory overlaps the GPU's work."""
+    if isinstance(batch, torch.Tensor):
+        fmt = torch.channels_last if channels_last and batch.dim() == 4 else torch.preserve_format
+        return batch.to(device, non_blocking=True, memory_format=fmt)
+    if isinstance(batch, dict):
+        return {key: to_device(value, device, channels_last) for key, value in batch.items()}
+    return type(batch)(to_device(value, device, channels_last) for value in batch)
+
+
+class EpochKeys(Sampler):
+    """The wrapped sampler's indices as (epoch, index): the keys SeededSamples seeds from."""
+
+    def __init__(self, sampler):
+        self.sampler, self.epoch = sampler, 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def __iter__(self):
+        return ((self.epoch, index) for index in self.sampler)
+
+    def __len__(self):
+        return len(self.sampler)
+
+    def __getattr__(self, name):
+        """Anything else is the wrapped sampler's (its generator, set_start, num_samples)."""
+        if name == "sampler":
+            raise AttributeError(name)
+        return getattr(self.sampler, name)
+
+
+# --- optimizer and schedule -----------------------------------------------------------------------
+
+def build_optimizer(args, model):
+    """SGD with momentum or AdamW; weight decay on weight matrices and convolution kernels only.
+
+    Decay pulls weights toward zero to keep the fit simple. Biases and normalisation weights are a
+    few numbers per channel that shift and scale activations: decaying them regularises little and
+    pulls the network off its fit (timm and nanoGPT leave them out, as here)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    if args.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=args.lr)
+    return torch.optim.SGD(groups, lr=args.lr, momentum=MOMENTUM)
+
+
+def lr_factor(args, step, steps_per_epoch):
+    """The learning rate of optimizer step `step` (0, 1, ...) as a fraction of --lr.
+
+    Warm-up: the first gradients of random weights are large and erratic, and a large global
+    batch takes large steps; rising linearly to --lr lets the weights settle first. Then cosine
+    decay lowers the rate smoothly, to 0 after the last step, so training ends in small steps."""
+    if args.lr_schedule == "constant":
+        return 1.0
+    warmup = round(args.warmup_epochs * steps_per_epoch)
+    if step < warmup:
+        return (step + 1) / warmup
+    total = args.epochs * steps_per_epoch
+    return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(total - warmup, 1)))
+
+
+def build_scheduler(args, optimizer, steps_per_epoch):
+    """The learning-rate schedule: scheduler.step() once per optimizer step, never per batch."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(args, step, steps_per_epoch))
+
+
+# --- checkpointing --------------------------------------------------------------------------------
+
+def prepare_out_dir(args):
+    """Create --out-dir and make sure a file can be written there, before any training."""
+    try:
+        Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+        # Writing a file is the one sure test: permissions, read-only mounts and a file standing
+        # where the directory should be all fail here, in one line, instead of after the last epoch.
+        with tempfile.TemporaryFile(dir=args.out_dir):
+            pass
+    except OSError as err:
+        raise ConfigError(f"cannot write to --out-dir {args.out_dir}: {err.strerror or err}")
+
+
+# --- device ---------------------------------------------------------------------------------------
+# Skip on a first reading: the GPU's settings for speed (TF32, cuDNN's autotuning).
+
 def configure_cuda(args, device):
     """Speed settings: CUDA's libraries (on CPU they change nothing), and the memory layout."""
     if args.channels_last is None:
@@ -553,7 +655,56 @@ def configure_cuda(args, device):
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
 
 
-# --- data loading -------------------------------------------------------------------------------
+# --- writing files --------------------------------------------------------------------------------
+# Skip on a first reading: a file written whole: a temporary file, then a rename; one line if not.
+
+def atomic_save(obj, path):
+    """Write obj (bytes, or what torch.save takes) to a temporary file, then rename: a reader sees
+    the old file or the new, never half. A write that fails leaves the old file and no temporary
+    one, and is a ConfigError (write_error)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(obj) if isinstance(obj, bytes) else torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as err:
+        # torch.save reports a write that its file refused as a RuntimeError ("unexpected pos"),
+        # raised while the OSError (errno 28: no space left) is handled.
+        cause = err if isinstance(err, OSError) else err.__context__
+        if not isinstance(cause, OSError):
+            raise
+        raise write_error(path, cause) from None
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_error(path, err):
+    """A file that cannot be written (a full disk, a permission), as one line: which, why, the
+    space left on its file system. Written files are replaced whole or not at all (atomic_save)."""
+    return ConfigError(f"cannot write {path}: {err.strerror or err} ({free_space(path)}); the "
+                       f"files already in --out-dir are whole", status=EXIT_WRITE_FAILED)
+
+
+def free_space(path):
+    try:
+        return f"{shutil.disk_usage(Path(path).parent).free / 2**20:.2f} MiB free there"
+    except OSError:
+        return "free space unknown"
+
+
+def what_is_intact(args):
+    """After a write that failed: what the same command, run again, starts from."""
+    start = "no checkpoint"
+    return f"{start}: fix that, then run the same command again"
+
+
+# --- samples --------------------------------------------------------------------------------------
+# Skip on a first reading: samples the same in every run, whatever the workers; unreadable files.
 
 class SeededSamples(Dataset):
     """The training set, each sample loaded with random draws that are a pure function of
@@ -649,30 +800,6 @@ def collate_readable(items):
     return (default_collate(samples) if samples else None), unreadable
 
 
-class EpochKeys(Sampler):
-    """The wrapped sampler's indices as (epoch, index): the keys SeededSamples seeds from."""
-
-    def __init__(self, sampler):
-        self.sampler, self.epoch = sampler, 0
-
-    def set_epoch(self, epoch):
-        self.epoch = epoch
-        if hasattr(self.sampler, "set_epoch"):
-            self.sampler.set_epoch(epoch)
-
-    def __iter__(self):
-        return ((self.epoch, index) for index in self.sampler)
-
-    def __len__(self):
-        return len(self.sampler)
-
-    def __getattr__(self, name):
-        """Anything else is the wrapped sampler's (its generator, set_start, num_samples)."""
-        if name == "sampler":
-            raise AttributeError(name)
-        return getattr(self.sampler, name)
-
-
 def default_workers(train_set):
     """Data in memory as tensors: none, since workers would only copy it. Files: one worker per CPU
     this process may use (its CPU affinity, shared by the processes on this node), but one left to
@@ -684,45 +811,10 @@ def default_workers(train_set):
     return max(1, min(8, per_process - 1))
 
 
-def build_loaders(args, train_set, val_set, device, rank, world_size):
-    # Every process draws the same permutation of (seed, epoch) and takes every world_size-th
-    # sample of it from position rank: together they see what one process would see. It pads
-    # with repeated samples until the set divides evenly, so every process runs as many steps.
-    # Each index comes as (epoch, index), the key of its random augmentation (SeededSamples).
-    train_sampler = EpochKeys(DistributedSampler(train_set, num_replicas=world_size, rank=rank,
-                                                 shuffle=True, seed=args.seed))
-    workers = args.workers if args.workers is not None else default_workers(train_set)
-    loader_args = dict(
-        batch_size=args.batch_size,
-        num_workers=workers,
-        persistent_workers=workers > 0,
-        # Page-locked host memory lets the copy to the GPU run asynchronously (non_blocking=True).
-        pin_memory=device.type == "cuda",
-        # Each item is (sample, unreadable files): a batch comes as (batch, unreadable files).
-        collate_fn=collate_readable,
-        # The loader's own generator seeds its workers (augmentation is seeded per sample anyway),
-        # leaving the global RNG to the model.
-        generator=torch.Generator().manual_seed(args.seed + rank),
-    )
-    train_loader = DataLoader(SeededSamples(train_set, args.seed), sampler=train_sampler,
-                              **loader_args)
-    val_loader = DataLoader(ReadableSamples(val_set), shuffle=False, **loader_args)
-    return train_loader, val_loader
+# --- model ----------------------------------------------------------------------------------------
+# Skip on a first reading: the model tried on the data before the first step; --init-from.
 
-
-def to_device(batch, device, channels_last):
-    """The batch (a tensor, or tuples, lists and dicts of them) on the device, 4-D tensors in the
-    model's memory order. non_blocking: a copy from pinned memory overlaps the GPU's work."""
-    if isinstance(batch, torch.Tensor):
-        fmt = torch.channels_last if channels_last and batch.dim() == 4 else torch.preserve_format
-        return batch.to(device, non_blocking=True, memory_format=fmt)
-    if isinstance(batch, dict):
-        return {key: to_device(value, device, channels_last) for key, value in batch.items()}
-    return type(batch)(to_device(value, device, channels_last) for value in batch)
-
-
-# --- model --------------------------------------------------------------------------------------
-
+# [optional: model check]
 def check_model_fits(args, num_outputs, train_set, val_set):
     """One sample through the model on the meta device (shapes only: no memory, no arithmetic).
     A model that cannot take the data (a ViT built for 224-pixel images, fed 32) is a ConfigError
@@ -746,6 +838,7 @@ def check_model_fits(args, num_outputs, train_set, val_set):
         raise ConfigError(f"the model does not fit the data: {reason}") from None
 
 
+# [optional: init-from]
 def read_state_dict(path):
     """The weights in a file: a model.pt, a plain state dict, or a checkpoint holding "model"."""
     try:
@@ -767,6 +860,7 @@ def read_state_dict(path):
     return state
 
 
+# [optional: init-from]
 def init_weights_from(args, model):
     """Load --init-from into the model before training: fine-tuning. Every key must fit, but
     pretrained weights' layers of another shape (a classifier for another number of classes) keep
@@ -787,275 +881,216 @@ def init_weights_from(args, model):
     log(f"weights from {args.init_from}" + (f"; fresh: {', '.join(fresh)}" if fresh else ""))
 
 
-# --- optimizer and schedule ---------------------------------------------------------------------
+# --- config ---------------------------------------------------------------------------------------
+# Skip on a first reading: the flags, and their checks before anything starts.
 
-def build_optimizer(args, model):
-    """SGD with momentum or AdamW; weight decay on weight matrices and convolution kernels only.
+class ConfigError(Exception):
+    """An error the user can act on: reported as one line and a non-zero exit, never as a traceback.
 
-    Decay pulls weights toward zero to keep the fit simple. Biases and normalisation weights are a
-    few numbers per channel that shift and scale activations: decaying them regularises little and
-    pulls the network off its fit (timm and nanoGPT leave them out, as here)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    if args.optimizer == "adamw":
-        return torch.optim.AdamW(groups, lr=args.lr)
-    return torch.optim.SGD(groups, lr=args.lr, momentum=MOMENTUM)
-
-
-def lr_factor(args, step, steps_per_epoch):
-    """The learning rate of optimizer step `step` (0, 1, ...) as a fraction of --lr.
-
-    Warm-up: the first gradients of random weights are large and erratic, and a large global
-    batch takes large steps; rising linearly to --lr lets the weights settle first. Then cosine
-    decay lowers the rate smoothly, to 0 after the last step, so training ends in small steps."""
-    if args.lr_schedule == "constant":
-        return 1.0
-    warmup = round(args.warmup_epochs * steps_per_epoch)
-    if step < warmup:
-        return (step + 1) / warmup
-    total = args.epochs * steps_per_epoch
-    return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(total - warmup, 1)))
-
-
-def build_scheduler(args, optimizer, steps_per_epoch):
-    """The learning-rate schedule: scheduler.step() once per optimizer step, never per batch."""
-    return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(args, step, steps_per_epoch))
-
-
-# --- train/eval ---------------------------------------------------------------------------------
-
-def train_one_epoch(args, model, loader, optimizer, scheduler, device, epoch):
-    """Train for one epoch; return [loss sum, samples, unreadable files] over the epoch,
-    all processes."""
-    model.train()
-    totals = torch.zeros(3, dtype=torch.float64, device=device)
-    num_steps = len(loader)
-    start = time.perf_counter()
-    for batch_index, (batch, unreadable) in enumerate(loader):
-        # A file that could not be read gave its place to the next readable one (SeededSamples).
-        for name in unreadable:
-            warn(f"cannot read {name}: trained on the next readable sample in its place")
-        totals[2] += len(unreadable)
-        batch = to_device(batch, device, args.channels_last)
-        loss, count = batch_loss(model, batch)
-        loss.backward()
-        optimizer.step()
-        # The rate this step used, for the progress line; then the schedule moves one step on.
-        lr = scheduler.get_last_lr()[0]
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        # A sum weighted by batch size, so a short last batch counts for what it holds.
-        totals[0] += loss.detach().double() * count
-        totals[1] += count
-        step = batch_index + 1
-        if step % args.log_interval == 0 or step == num_steps:
-            elapsed = time.perf_counter() - start
-            samples = totals[1].item()
-            # Rank 0's own loss, and its throughput times the number of processes.
-            log(f"epoch {epoch + 1}/{args.epochs} step {step}/{num_steps} "
-                f"loss {totals[0].item() / samples:.4f} | lr {lr:.6g} | "
-                f"{samples * dist.get_world_size() / elapsed:.0f} samples/s{peak_memory(device)} | "
-                f"eta {format_seconds(elapsed / step * (num_steps - step))}")
-    # One all-reduce after the loop turns per-process sums into global ones.
-    dist.all_reduce(totals)
-    return totals
-
-
-@torch.no_grad()
-def evaluate(args, model, loader, device):
-    """Return the sums of EVAL_METRICS, the number of samples and of unreadable files over the
-    loader.
-
-    Sums, not means: a mean over batches of different sizes is not the mean over samples.
+    Without a rank, it is one that every process meets (bad input): rank 0 alone reports it. One
+    that a process may meet alone (a GPU it cannot see, a file it cannot write) names that
+    process's rank: that process reports it, and the peers it stopped say nothing.
     """
-    model.eval()
-    totals = torch.zeros(len(EVAL_METRICS) + 2, dtype=torch.float64, device=device)
-    for batch, unreadable in loader:
-        for name in unreadable:
-            warn(f"cannot read {name}: left out of validation")
-        totals[-1] += len(unreadable)
-        if batch is not None:  # None: not one sample of the batch could be read
-            batch = to_device(batch, device, args.channels_last)
-            sums, count = evaluate_batch(model, batch)
-            totals[:-2] += sums
-            totals[-2] += count
-    model.train()
-    return totals
+
+    def __init__(self, message, status=2, rank=None):
+        super().__init__(message)
+        self.status, self.rank = status, rank
 
 
-def val_record(val_totals):
-    """Validation's means over all samples, how many samples were counted and how many files
-    could not be read."""
-    count = val_totals[-2].item()
-    record = {f"val_{name}": val_totals[i].item() / count for i, name in enumerate(EVAL_METRICS)}
-    return {**record, "val_samples": int(count), "val_unreadable": int(val_totals[-1].item())}
+def no_pretrained_weights(args):
+    raise ConfigError("this task has no pretrained weights for --init-from pretrained: define "
+                      "pretrained_weights(args) in the section \"your data and model\"")
 
 
-def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds, lr):
-    """One line of metrics.jsonl: means over all samples, the samples counted, the files that
-    could not be read, timings, and the learning rate the schedule has reached."""
-    return {"epoch": epoch + 1, "train_loss": train_totals[0].item() / train_totals[1].item(),
-            "train_unreadable": int(train_totals[2].item()), **val_record(val_totals),
-            "samples_per_sec": train_totals[1].item() / train_seconds,
-            "train_seconds": train_seconds, "val_seconds": val_seconds, "lr": lr}
+# What the rest of the script takes from the section "your data and model": each name, what it
+# must be, and the default that a section without it gets (REQUIRED: none, the script stops).
+REQUIRED = object()
 
 
-# --- checkpointing ------------------------------------------------------------------------------
-
-def prepare_out_dir(args):
-    """Create --out-dir and make sure a file can be written there, before any training."""
-    try:
-        Path(args.out_dir).mkdir(parents=True, exist_ok=True)
-        # Writing a file is the one sure test: permissions, read-only mounts and a file standing
-        # where the directory should be all fail here, in one line, instead of after the last epoch.
-        with tempfile.TemporaryFile(dir=args.out_dir):
-            pass
-    except OSError as err:
-        raise ConfigError(f"cannot write to --out-dir {args.out_dir}: {err.strerror or err}")
-
-
-def atomic_save(obj, path):
-    """Write obj (bytes, or what torch.save takes) to a temporary file, then rename: a reader sees
-    the old file or the new, never half. A write that fails leaves the old file and no temporary
-    one, and is a ConfigError (write_error)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(obj) if isinstance(obj, bytes) else torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except (OSError, RuntimeError) as err:
-        # torch.save reports a write that its file refused as a RuntimeError ("unexpected pos"),
-        # raised while the OSError (errno 28: no space left) is handled.
-        cause = err if isinstance(err, OSError) else err.__context__
-        if not isinstance(cause, OSError):
-            raise
-        raise write_error(path, cause) from None
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+TASK_HOOKS = {
+    "build_datasets": ("build_datasets(args) returns (train_set, val_set, num_outputs)", REQUIRED),
+    "build_model": ("build_model(args, num_outputs) returns the model", REQUIRED),
+    "batch_loss": ("batch_loss(model, batch) returns (the mean loss to train on, the batch's "
+                   "sample count)", REQUIRED),
+    "evaluate_batch": ("evaluate_batch(model, batch) returns (the batch's sums of EVAL_METRICS, "
+                       "its sample count)", REQUIRED),
+    "EVAL_METRICS": ("EVAL_METRICS names the metrics whose sums evaluate_batch returns", REQUIRED),
+    "add_task_arguments": ("add_task_arguments(parser) adds the task's flags",
+                           lambda parser: None),
+    "pretrained_weights": ("pretrained_weights(args) returns the state dict of --init-from "
+                           "pretrained", no_pretrained_weights),
+    "channels_last_pays": ("channels_last_pays(args, device) says whether channels-last memory "
+                           "order speeds the model up", lambda args, device: False),
+}
 
 
-def write_error(path, err):
-    """A file that cannot be written (a full disk, a permission), as one line: which, why, the
-    space left on its file system. Written files are replaced whole or not at all (atomic_save)."""
-    return ConfigError(f"cannot write {path}: {err.strerror or err} ({free_space(path)}); the "
-                       f"files already in --out-dir are whole", status=EXIT_WRITE_FAILED)
+def check_task():
+    """Before any work: a hook the section lacks gets its default, or stops the script in one line
+    that names it (a copy of the section made before the hook existed has no such name)."""
+    for name, (what, default) in TASK_HOOKS.items():
+        if name not in globals():
+            if default is REQUIRED:
+                raise ConfigError(f"the section \"your data and model\" has no {name}: {what}")
+            globals()[name] = default
 
 
-def free_space(path):
-    try:
-        return f"{shutil.disk_usage(Path(path).parent).free / 2**20:.2f} MiB free there"
-    except OSError:
-        return "free space unknown"
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help states each default; a flag without a fixed one (None) states it in its own help."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
 
 
-def what_is_intact(args):
-    """After a write that failed: what the same command, run again, starts from."""
-    start = "no checkpoint"
-    return f"{start}: fix that, then run the same command again"
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=HelpFormatter)
+    parser.add_argument("--epochs", type=int, default=5, help="passes over the training set")
+    parser.add_argument("--batch-size", type=int, default=64,
+                        help="samples per process per micro-batch; the global batch is batch size "
+                             "x world size x accumulation steps")
+    parser.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd",
+                        help="SGD with momentum, or AdamW")
+    parser.add_argument("--lr", type=float, default=None,
+                        help="peak learning rate for the global batch, used as given (default: "
+                             "0.03 with sgd, 1e-3 with adamw)")
+    parser.add_argument("--lr-schedule", choices=["cosine", "constant"], default="cosine",
+                        help="cosine: linear warm-up to --lr, then cosine decay to 0 at the last "
+                             "step; constant: --lr throughout, no warm-up")
+    parser.add_argument("--warmup-epochs", type=float, default=1.0,
+                        help="epochs of linear warm-up of the cosine schedule")
+    parser.add_argument("--weight-decay", type=float, default=None,
+                        help="decay of weight matrices and kernels, not of biases and norm "
+                             "weights (default: 5e-4 with sgd, 0.05 with adamw)")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the model, data and shuffle")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="data loader processes per process (default: 0 for data already in "
+                             "memory as tensors, where workers only add copies; for files, this "
+                             "process's share of its CPUs less one, 1 to 8)")
+    parser.add_argument("--out-dir", default=None, help="output folder (default: runs/<script>)")
+    parser.add_argument("--log-interval", type=int, default=20,
+                        help="optimizer steps between progress lines")
+    parser.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
+                        help="4-D inputs and weights in channels-last memory order (default: where "
+                             "it pays: on GPUs, and on CPU for models measured faster with it)")
+    parser.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=True,
+                        help="CUDA: float32 matmuls and convolutions on tensor cores (TF32)")
+    parser.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction, default=True,
+                        help="CUDA: cuDNN times its algorithms per input shape, keeps the fastest")
+    # [optional: compile]
+    parser.add_argument("--compile", action="store_true",
+                        help="compile the model with torch.compile: faster steps on GPUs after "
+                             "a minute or more of compiling; measured slower on CPU (default: off)")
+    # [optional: init-from]
+    parser.add_argument("--init-from", default=None,
+                        help="start from these weights: a model.pt of any step, a state dict, or "
+                             "'pretrained': the task's published weights (pretrained_weights)")
+    add_task_arguments(parser)
+    parser.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
+                        help="process group backend; auto is nccl with CUDA, gloo without")
+    parser.add_argument("--timeout-min", type=float, default=30.0,
+                        help="minutes a process waits for the others in a collective before the "
+                             "job fails (nccl's own default is 10)")
+    # [optional: legacy launcher]
+    # torch.distributed.launch passes --local-rank=N (--local_rank before torch 2.0) as well as
+    # setting LOCAL_RANK, as torchrun does: the flag is accepted, and LOCAL_RANK read.
+    parser.add_argument("--local-rank", "--local_rank", type=int, default=None,
+                        help="set by the legacy launcher; torchrun sets LOCAL_RANK instead")
+    args = parser.parse_args(argv)
+    if args.out_dir is None:
+        args.out_dir = os.path.join("runs", Path(__file__).stem)
+    # The optimizers want rates and decays of different sizes: the chosen one's, unless given.
+    for name, value in OPTIMIZER_DEFAULTS[args.optimizer].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return args
 
 
-# --- main ---------------------------------------------------------------------------------------
-
-def train(args):
-    rank, local_rank, world_size, device = setup_distributed(args)
-    configure_cuda(args, device)
-    # Rank 0 writes the results: if it cannot, every process stops now, not after training.
-    rank0_only(rank, prepare_out_dir, args)
-    train_set, val_set, num_outputs = rank0_first(rank, build_datasets, args)
-    if len(train_set) < world_size:
-        raise ConfigError(f"{world_size} processes but only {len(train_set)} training samples: "
-                          f"every process needs at least one")
-    check_model_fits(args, num_outputs, train_set, val_set)
-    train_loader, val_loader = build_loaders(args, train_set, val_set, device, rank, world_size)
-    set_seed(args.seed)
-    model = build_model(args, num_outputs)
-    if args.init_from:
-        # Rank 0 reads the weights; DDP hands them to every process when it wraps the model.
-        rank0_only(rank, init_weights_from, args, model)
-    layout = torch.channels_last if args.channels_last else torch.preserve_format
-    model = model.to(device, memory_format=layout)
-    log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
-    if args.compile:
-        # In place, before DDP wraps it: dynamo skips DDP's forward (torch.nn's code), so a compiled
-        # wrapper compiles only what DDP calls, nothing of a model whose forward is torch.nn's
-        # (nn.Sequential). DDP still cuts the compiled model at its buckets, to overlap all-reduces.
-        model.compile()
-    # DDP broadcasts rank 0's weights at construction and averages gradients during backward.
-    # device_ids names the one GPU this process drives; on CPU it must be left out.
-    model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
-    optimizer = build_optimizer(args, model)
-    scheduler = build_scheduler(args, optimizer, steps_per_epoch=len(train_loader))
-
-    # The weights came from the same seed everywhere; from here on each process draws its own
-    # random numbers (dropout, augmentation), or all of them would repeat one draw.
-    set_seed(args.seed + rank)
-
-    history = []  # metrics.jsonl's records (rank 0's)
-    if args.init_from and rank == 0:
-        # The starting weights' score, what fine-tuning must improve on: epoch 0 in metrics.jsonl.
-        history.append({"epoch": 0, **val_record(evaluate(args, model.module, val_loader, device))})
-        log_epoch(history[-1], args.epochs)
-
-    out_dir = Path(args.out_dir)
-    metrics_path = out_dir / "metrics.jsonl"
-    log(f"process group {dist.get_backend()} | {world_size} processes | "
-        f"timeout {args.timeout_min:g} min")
-    log(f"global batch {args.batch_size * world_size} = {args.batch_size} per process x "
-        f"{world_size} processes")
-    log_recipe(args)
-    # Rank 0 writes; the others wait for its verdict: a write that fails stops every process here.
-    rank0_only(rank, write_metrics, metrics_path, history)
-
-    for epoch in range(args.epochs):
-        # Without set_epoch the sampler repeats epoch 0's order in every epoch.
-        train_loader.sampler.set_epoch(epoch)
-        epoch_start = time.perf_counter()
-        train_totals = train_one_epoch(args, model, train_loader, optimizer, scheduler, device,
-                                       epoch)
-        # Rank 0 evaluates the whole set alone, through model.module: the DDP wrapper's forward
-        # would start a collective (a buffer broadcast) that the others never join. They wait in
-        # rank0_only below, at most --timeout-min; ddp_full.py splits validation so none waits.
-        if rank == 0:
-            val_start = time.perf_counter()
-            val_totals = evaluate(args, model.module, val_loader, device)
-            record = epoch_record(epoch, train_totals, val_totals, val_start - epoch_start,
-                                  time.perf_counter() - val_start, scheduler.get_last_lr()[0])
-            history.append(record)
-            log_epoch(record, args.epochs)
-        rank0_only(rank, write_metrics, metrics_path, history)
-
-    save_start = time.perf_counter()
-    # Save the unwrapped model: its keys have no "module." prefix and load into the bare model.
-    rank0_only(rank, atomic_save, model.module.state_dict(), out_dir / "model.pt")
-    log(f"saved {out_dir / 'model.pt'} in {time.perf_counter() - save_start:.2f} s")
+# The least value of each numeric setting (None, a default decided later, is not checked), and the
+# settings that must be positive.
+AT_LEAST = {"epochs": 1, "batch_size": 1, "log_interval": 1, "workers": 0, "weight_decay": 0,
+            "warmup_epochs": 0}
 
 
-def main(argv=None):
-    try:
-        check_task()
-        args = parse_args(argv)
-        check_args(args)
-        train(args)
-    except ConfigError as err:
-        # Bad input, which every process meets, is one line from rank 0; an error that one process
-        # met is that process's line, naming it (the peers it stopped say nothing).
-        rank = int(os.environ.get("RANK", 0))
-        if err.rank == rank or err.rank is None and rank == 0:
-            who = "" if err.rank is None else f"rank {err.rank}: "
-            intact = f"; {what_is_intact(args)}" if err.status == EXIT_WRITE_FAILED else ""
-            # One write: the lines of processes that print at once never run together.
-            sys.stderr.write(f"{Path(__file__).name}: error: {who}{err}{intact}\n")
-        return err.status
-    finally:
-        cleanup_distributed()
-    return 0
+POSITIVE = ("lr", "timeout_min")
+
+
+def check_args(args):
+    """Reject settings that cannot work before any process does any work."""
+    for name, least in AT_LEAST.items():
+        value = getattr(args, name)
+        if value is not None and value < least:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least {least}, got {value}")
+    for name in POSITIVE:
+        value = getattr(args, name)
+        if value <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    # [optional: init-from]
+    if args.init_from not in (None, "pretrained") and not os.path.isfile(args.init_from):
+        raise ConfigError(f"--init-from {args.init_from!r}: no such file")
+
+
+def set_seed(seed):
+    """Seed every generator the training code draws from (Python's and torch's, CPU and CUDA)."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# --- logging --------------------------------------------------------------------------------------
+# Skip on a first reading: what a run prints, and metrics.jsonl.
+
+def log(message):
+    """Print on rank 0 only: every process runs this code, and one copy of each line is enough."""
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(message, flush=True)
+
+
+def warn(message):
+    """A warning from whichever process meets it, not rank 0 alone (another process's files are
+    not rank 0's to see): one line on stderr, naming the process."""
+    # One write: the lines of processes that warn at once never run together.
+    sys.stderr.write(f"{Path(__file__).name}: warning: rank {dist.get_rank()}: {message}\n")
+
+
+def format_seconds(seconds):
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def describe(model):
+    millions = sum(p.numel() for p in model.parameters()) / 1e6
+    return f"{type(model).__name__} ({millions:.2f} M parameters)"
+
+
+def peak_memory(device):
+    """For progress lines: the most memory this process's tensors have held on the GPU so far."""
+    if device.type != "cuda":
+        return ""
+    return f" | peak memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB"
+
+
+def write_metrics(path, history):
+    """Write one JSON object per epoch, a line each, as a whole new file (atomic_save): a crash or a
+    full disk leaves the previous version, never half a line."""
+    atomic_save("".join(json.dumps(record) + "\n" for record in history).encode(), path)
+
+
+def log_recipe(args):
+    log(f"optimizer {args.optimizer} | lr {args.lr:g}, schedule {args.lr_schedule} | weight decay "
+        f"{args.weight_decay:g}")
+
+
+def log_epoch(record, epochs):
+    metrics = " ".join(f"val_{name} {record[f'val_{name}']:.4f}" for name in EVAL_METRICS)
+    unreadable = record.get("train_unreadable", 0) + record["val_unreadable"]  # epoch 0: val only
+    skipped = f" | unreadable files skipped: {unreadable}" if unreadable else ""
+    if record["epoch"] == 0:  # the starting weights of a fine-tuning run: no training yet
+        log(f"epoch 0/{epochs} (starting weights) {metrics} ({record['val_samples']} samples)"
+            f"{skipped}")
+        return
+    log(f"epoch {record['epoch']}/{epochs} train_loss {record['train_loss']:.4f} {metrics} "
+        f"({record['val_samples']} samples) | {record['samples_per_sec']:.0f} samples/s{skipped}")
 
 
 if __name__ == "__main__":

@@ -64,3 +64,37 @@ def test_train_the_hub_that_calls_everything_stays_readable(script):
     tree = ast.parse((ROOT / script).read_text())
     train = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "train")
     assert train.end_lineno - train.lineno + 1 <= 120
+
+
+# How a script is laid out (README, "How to read a script"): the program a step teaches first,
+# then the machinery it needs, each section of which says what it is for and that a first reading
+# may skip it. The same sections in the same order in every script; a step's own concept adds one.
+LESSON = ["your data and model", "train/eval", "main", "distributed", "sharding", "data loading",
+          "optimizer and schedule", "checkpointing"]
+MACHINERY = ["device", "writing files", "samples", "model", "config", "logging"]
+SKIP = "# Skip on a first reading: "
+
+
+def sections(script):
+    """[(title, marked to skip)] of the script's "# --- title ---" sections, in file order."""
+    lines = (ROOT / script).read_text().splitlines()
+    return [(line[len("# --- "):].rstrip("- "), lines[i + 1].startswith(SKIP))
+            for i, line in enumerate(lines) if line.startswith("# --- ")]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_the_program_comes_first_then_the_machinery_each_section_marked(script):
+    found = sections(script)
+    titles = [title for title, _ in found]
+    concept_only = {"distributed", "sharding"}  # the step's own: DDP from step 3, FSDP at step 6
+    assert set(LESSON + MACHINERY) - concept_only <= set(titles), "a section of the skeleton is missing"
+    assert titles == [title for title in LESSON + MACHINERY if title in titles], titles
+    assert [title for title, marked in found if marked] == MACHINERY
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_train_one_epoch_starts_within_the_first_third(script):
+    # A newcomer reading from the top meets the training loop before a third of the file is read.
+    lines = (ROOT / script).read_text().splitlines()
+    start = next(i for i, line in enumerate(lines, 1) if line.startswith("def train_one_epoch("))
+    assert start <= len(lines) / 3, f"line {start} of {len(lines)}"

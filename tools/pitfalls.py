@@ -97,7 +97,8 @@ PITFALLS = [
         "mistake": "reading only `--local_rank` (torchrun passes none) or not accepting it (the legacy launcher "
                    "passes `--local-rank=N`)",
         "symptom": "every process on GPU 0, or `unrecognized arguments: --local-rank=1`",
-        "correct": "`LOCAL_RANK` from the environment, the flag accepted as a fallback",
+        "correct": "`LOCAL_RANK` from the environment, which both launchers set (torch's elastic agent), and the "
+                   "flag accepted, its value unread",
         "fix": [("ddp_basic.py", 'parser.add_argument("--local-rank", "--local_rank"')],
         "guards": ["tests/test_cluster.py::test_two_identical_runs_are_bitwise_identical_even_through_the_legacy_launcher"],
         "mutation": ("ddp_full.py", 'parser.add_argument("--local-rank", "--local_rank"',
@@ -203,9 +204,10 @@ PITFALLS = [
         "correct": "plain BatchNorm by default; `--sync-bn` (ddp_full) converts with "
                    "`nn.SyncBatchNorm.convert_sync_batchnorm` before wrapping in DDP, on CUDA only, and says so "
                    "in one line on a CPU",
-        "fix": [("ddp_full.py", 'if args.sync_bn and device.type != "cuda":')],
+        "fix": [("ddp_full.py", 'raise ConfigError("--sync-bn needs CUDA GPUs: SyncBatchNorm runs on GPUs only")')],
         "guards": ["tests/test_bad_input.py::test_sync_bn_without_cuda_is_one_clear_error"],
-        "mutation": ("ddp_full.py", 'if args.sync_bn and device.type != "cuda":', "if False:"),
+        "mutation": ("ddp_full.py", '        if device.type != "cuda":\n            raise ConfigError("--sync-bn',
+                     '        if False:\n            raise ConfigError("--sync-bn'),
     },
     {
         "title": "A restart that starts over",
@@ -614,5 +616,21 @@ PITFALLS = [
         "guards": ["tests/test_failures.py::test_data_that_one_process_cannot_see_is_a_line_from_that_process"],
         "mutation": ("ddp_basic.py", "raise ConfigError(message, status, rank=rank if errors[rank] else failed[0])",
                      "raise ConfigError(message, status)"),
+    },
+    {
+        "title": "An optional part that the rest still reads",
+        "mistake": "code outside a part's `# [optional: NAME]` tags that reads what the part defines: the "
+                   "recipe line printing `args.compile`, the section \"your data and model\" calling "
+                   "`read_state_dict` of `--init-from`",
+        "symptom": "a copier deletes what the copier's map says may go, and the trainer dies at start-up "
+                   "(`AttributeError: 'Namespace' object has no attribute 'compile'`) or at the first use",
+        "correct": "what a part defines is read inside its own tags only; `tests/test_copiers_map.py` deletes "
+                   "each part, then all, checks that no deleted flag or function is read, and runs the rest",
+        "fix": [("ddp_full.py", "    compile          --compile: faster steps on GPUs, after a minute or more of")],
+        "guards": ["tests/test_copiers_map.py::test_each_part_deletes_alone_and_the_rest_reads_nothing_it_defined",
+                   "tests/test_copiers_map.py::"
+                   "test_the_stripped_copy_trains_resumes_and_validates_as_the_full_script[ddp_full.py]"],
+        "mutation": ("ddp_full.py", '        f"{args.weight_decay:g}")\n',
+                     '        f"{args.weight_decay:g} | compile {\'on\' if args.compile else \'off\'}")\n'),
     },
 ]

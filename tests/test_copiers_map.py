@@ -1,0 +1,75 @@
+"""The copier's map cannot rot: every part it says a copier may delete can be deleted.
+
+Each script tags its optional parts "# [optional: NAME]" (the note under its imports says how a tag
+reads); tools/strip_optional.py deletes them. ddp_full.py and fsdp.py, the files users copy, list
+the parts and what each deletion gives up in their docstrings. The stripped copy -- every part
+deleted -- must train what the full script trains, bitwise (the same arithmetic on the same samples,
+so a deleted part that took part in the default run would show), resume bitwise mid-epoch, and
+validate exactly: its validation metrics are the full script's, which tests/test_validation.py
+proves equal to one process scoring the whole set.
+"""
+import ast
+import re
+import sys
+
+import pytest
+
+from conftest import ROOT, TINY, check, launch
+from test_resume import assert_bitwise_equal
+from test_static import SCRIPTS
+
+sys.path.insert(0, str(ROOT / "tools"))
+import ladder  # noqa: E402
+import strip_optional  # noqa: E402
+
+MAPPED = ["ddp_full.py", "fsdp.py"]
+# A line of the map: four spaces, the NAME (one or two words), two spaces or more, what it gives up.
+MAP_LINE = re.compile(r"^    (\S+(?: \S+)?)  +\S")
+
+
+def map_names(text):
+    listing = ast.get_docstring(ast.parse(text)).split("What each NAME gives up:", 1)[1]
+    return [match.group(1) for line in listing.splitlines() if (match := MAP_LINE.match(line))]
+
+
+@pytest.mark.parametrize("script", MAPPED)
+def test_the_map_lists_every_tagged_part_and_nothing_else(script):
+    text = ladder.read(script, ROOT)
+    assert sorted(map_names(text)) == sorted(strip_optional.tags(text))
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_each_part_deletes_alone_and_the_rest_reads_nothing_it_defined(script):
+    text = ladder.read(script, ROOT)
+    defined = lambda source: {node.name for node in ast.parse(source).body
+                              if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    used = lambda source: {node.id for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Name)}
+    for part in [*strip_optional.tags(text), None]:  # each part alone, then all of them
+        stripped = strip_optional.strip(text, None if part is None else {part})
+        # A flag that went must not be read (args.<its name> would raise at start-up), nor a
+        # function or class that went be called.
+        for flag in set(ladder.flags(text)) - set(ladder.flags(stripped)):
+            name = flag.lstrip("-").replace("-", "_")
+            assert f"args.{name}" not in stripped, f"{part or 'all parts'}: {flag} deleted, still read"
+        gone = (defined(text) - defined(stripped)) & used(stripped)
+        assert not gone, f"{part or 'all parts'}: {sorted(gone)} deleted, still used"
+
+
+REFERENCES = {"ddp_full.py": "full_w2", "fsdp.py": "fsdp_w2_b8"}  # runs other tests share
+ARGS = ["--batch-size", "8"]  # 2 processes x 8: 12 optimizer steps in each epoch of 192 samples
+
+
+@pytest.mark.parametrize("script", ["ddp_full.py", pytest.param("fsdp.py", marks=pytest.mark.slow)])
+def test_the_stripped_copy_trains_resumes_and_validates_as_the_full_script(script, runs, tmp_path):
+    reference = runs.get(REFERENCES[script], script, ARGS, nproc=2)
+    copy = tmp_path / script
+    copy.write_text(strip_optional.strip(ladder.read(script, ROOT)))
+    straight = tmp_path / "straight"
+    check(launch(str(copy), [*TINY, *ARGS, "--out-dir", str(straight)], nproc=2))
+    assert_bitwise_equal(reference, straight)
+    # Stopped mid-epoch 1 (step 5 of 12), then resumed by the same command.
+    resumed = tmp_path / "resumed"
+    first = check(launch(str(copy), [*TINY, *ARGS, "--max-steps", "5", "--out-dir", str(resumed)], nproc=2))
+    assert "stopped after --max-steps 5" in first.stdout
+    check(launch(str(copy), [*TINY, *ARGS, "--out-dir", str(resumed)], nproc=2))
+    assert_bitwise_equal(reference, resumed)

@@ -1,0 +1,77 @@
+"""Delete the optional parts of a ladder script: what the script tags "# [optional: NAME]".
+
+    python tools/strip_optional.py ddp_full.py > my_trainer.py                # every optional part
+    python tools/strip_optional.py ddp_full.py --keep compile > my_trainer.py   # all but compile
+
+The rule, stated under each script's imports: a line that is only the tag goes, with what it
+stands above -- the statement that starts on the next line that is not a comment (a whole `if`,
+function or class), or, inside a statement (a docstring), the next line; a line that ends in the
+tag goes alone. ddp_full.py and fsdp.py list their parts, and what each deletion gives up, in their
+docstrings (the copier's map); tests/test_copiers_map.py runs what this leaves.
+"""
+import argparse
+import ast
+import re
+import sys
+from pathlib import Path
+
+TAG = re.compile(r"#\s*\[optional: ([^\]]+)\]\s*$")
+
+
+def tags(text):
+    """{NAME: number of tags} in the text."""
+    found = {}
+    for line in text.splitlines():
+        match = TAG.search(line)
+        if match:
+            found[match.group(1)] = found.get(match.group(1), 0) + 1
+    return found
+
+
+def strip(text, names=None):
+    """The text without the parts tagged with any of `names` (None: every tagged part)."""
+    lines = text.splitlines(keepends=True)
+    # Every statement, at any depth, by its first line (a decorator's, for a decorated one).
+    extent = {}
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.stmt):
+            first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+            extent.setdefault(first, node.end_lineno)  # ast.walk meets the outer statement first
+    drop = set()
+    for number, line in enumerate(lines, start=1):
+        match = TAG.search(line)
+        if not match or names is not None and match.group(1) not in names:
+            continue
+        if line.strip() == match.group(0).strip():
+            below = number + 1
+            while below <= len(lines) and lines[below - 1].lstrip().startswith("#"):
+                below += 1  # the comments that explain the statement go with it
+            drop.update(range(number, extent.get(below, below) + 1))
+        elif number in extent:
+            raise ValueError(f"line {number}: a tag at the end of a statement's first line would "
+                             f"delete only that line; put it on a line of its own above")
+        else:
+            drop.add(number)
+    kept = "".join(line for number, line in enumerate(lines, start=1) if number not in drop)
+    kept = re.sub(r"\n{4,}", "\n\n\n", kept)  # two blank lines at most where a function went
+    ast.parse(kept)  # still Python
+    return kept
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("script", help="a ladder script, or a copy of one")
+    parser.add_argument("--keep", nargs="*", default=[], metavar="NAME",
+                        help="optional parts to keep, by their tag's NAME (default: keep none)")
+    args = parser.parse_args(argv)
+    text = Path(args.script).read_text()
+    unknown = set(args.keep) - set(tags(text))
+    if unknown:
+        parser.error(f"no part tagged {', '.join(sorted(unknown))} in {args.script}; "
+                     f"its parts: {', '.join(sorted(tags(text)))}")
+    sys.stdout.write(strip(text, set(tags(text)) - set(args.keep)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
