@@ -36,11 +36,12 @@ import torch.nn.functional as F
 from torch.utils.data import (DataLoader, Dataset, RandomSampler, Sampler, Subset, TensorDataset,
                               default_collate)
 
-# How this file reads: first what you edit (your data and model), then the program -- one epoch
-# of training and of validation, main, the device or the processes, the data loaders, the optimizer
-# --, then the machinery that serves it, each of its sections marked "Skip on a first reading".
-# A "# [optional: NAME]" line may be deleted with what it stands above (a statement, or a line of
-# one), as may a line that ends in that tag: all of one NAME at once, for a simpler trainer.
+# How this file reads: first the section "your data and model" (what you edit), then the program
+# this step teaches (one epoch of training and of validation, main, the loaders, the optimizer...),
+# then, from the section "device" on, the machinery that program needs, each of its sections marked
+# "Skip on a first reading". A line "# [optional: NAME]" may be deleted together with the statement
+# under it (inside a statement: the line under it), and so may a line that ends in that tag: all of
+# one NAME at once, for a simpler trainer.
 
 # torchvision is imported inside the functions that need it: it takes seconds to import, and the
 # default run (synthetic data, small CNN) does not use it.
@@ -493,20 +494,6 @@ def build_scheduler(args, optimizer, steps_per_epoch):
         optimizer, lambda step: lr_factor(args, step, steps_per_epoch))
 
 
-# --- checkpointing --------------------------------------------------------------------------------
-
-def prepare_out_dir(args):
-    """Create --out-dir and make sure a file can be written there, before any training."""
-    try:
-        Path(args.out_dir).mkdir(parents=True, exist_ok=True)
-        # Writing a file is the one sure test: permissions, read-only mounts and a file standing
-        # where the directory should be all fail here, in one line, instead of after the last epoch.
-        with tempfile.TemporaryFile(dir=args.out_dir):
-            pass
-    except OSError as err:
-        raise ConfigError(f"cannot write to --out-dir {args.out_dir}: {err.strerror or err}")
-
-
 # --- device ---------------------------------------------------------------------------------------
 # Skip on a first reading: the GPU's settings for speed (TF32, cuDNN's autotuning).
 
@@ -528,7 +515,19 @@ def get_device():
 
 
 # --- writing files --------------------------------------------------------------------------------
-# Skip on a first reading: a file written whole: a temporary file, then a rename; one line if not.
+# Skip on a first reading: --out-dir tried first; files written whole (temporary file, rename).
+
+def prepare_out_dir(args):
+    """Create --out-dir and make sure a file can be written there, before any training."""
+    try:
+        Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+        # Writing a file is the one sure test: permissions, read-only mounts and a file standing
+        # where the directory should be all fail here, in one line, instead of after the last epoch.
+        with tempfile.TemporaryFile(dir=args.out_dir):
+            pass
+    except OSError as err:
+        raise ConfigError(f"cannot write to --out-dir {args.out_dir}: {err.strerror or err}")
+
 
 def atomic_save(obj, path):
     """Write obj (bytes, or what torch.save takes) to a temporary file, then rename: a reader sees

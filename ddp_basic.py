@@ -34,11 +34,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import (DataLoader, Dataset, DistributedSampler, Sampler, Subset,
                               TensorDataset, default_collate)
 
-# How this file reads: first what you edit (your data and model), then the program -- one epoch
-# of training and of validation, main, the device or the processes, the data loaders, the optimizer
-# --, then the machinery that serves it, each of its sections marked "Skip on a first reading".
-# A "# [optional: NAME]" line may be deleted with what it stands above (a statement, or a line of
-# one), as may a line that ends in that tag: all of one NAME at once, for a simpler trainer.
+# How this file reads: first the section "your data and model" (what you edit), then the program
+# this step teaches (one epoch of training and of validation, main, the loaders, the optimizer...),
+# then, from the section "device" on, the machinery that program needs, each of its sections marked
+# "Skip on a first reading". A line "# [optional: NAME]" may be deleted together with the statement
+# under it (inside a statement: the line under it), and so may a line that ends in that tag: all of
+# one NAME at once, for a simpler trainer.
 
 # torchvision is imported inside the functions that need it: it takes seconds to import, and the
 # default run (synthetic data, small CNN) does not use it.
@@ -625,20 +626,6 @@ def build_scheduler(args, optimizer, steps_per_epoch):
         optimizer, lambda step: lr_factor(args, step, steps_per_epoch))
 
 
-# --- checkpointing --------------------------------------------------------------------------------
-
-def prepare_out_dir(args):
-    """Create --out-dir and make sure a file can be written there, before any training."""
-    try:
-        Path(args.out_dir).mkdir(parents=True, exist_ok=True)
-        # Writing a file is the one sure test: permissions, read-only mounts and a file standing
-        # where the directory should be all fail here, in one line, instead of after the last epoch.
-        with tempfile.TemporaryFile(dir=args.out_dir):
-            pass
-    except OSError as err:
-        raise ConfigError(f"cannot write to --out-dir {args.out_dir}: {err.strerror or err}")
-
-
 # --- device ---------------------------------------------------------------------------------------
 # Skip on a first reading: the GPU's settings for speed (TF32, cuDNN's autotuning).
 
@@ -656,7 +643,19 @@ def configure_cuda(args, device):
 
 
 # --- writing files --------------------------------------------------------------------------------
-# Skip on a first reading: a file written whole: a temporary file, then a rename; one line if not.
+# Skip on a first reading: --out-dir tried first; files written whole (temporary file, rename).
+
+def prepare_out_dir(args):
+    """Create --out-dir and make sure a file can be written there, before any training."""
+    try:
+        Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+        # Writing a file is the one sure test: permissions, read-only mounts and a file standing
+        # where the directory should be all fail here, in one line, instead of after the last epoch.
+        with tempfile.TemporaryFile(dir=args.out_dir):
+            pass
+    except OSError as err:
+        raise ConfigError(f"cannot write to --out-dir {args.out_dir}: {err.strerror or err}")
+
 
 def atomic_save(obj, path):
     """Write obj (bytes, or what torch.save takes) to a temporary file, then rename: a reader sees
@@ -996,7 +995,8 @@ def parse_args(argv=None):
     # torch.distributed.launch passes --local-rank=N (--local_rank before torch 2.0) as well as
     # setting LOCAL_RANK, as torchrun does: the flag is accepted, and LOCAL_RANK read.
     parser.add_argument("--local-rank", "--local_rank", type=int, default=None,
-                        help="set by the legacy launcher; torchrun sets LOCAL_RANK instead")
+                        help="passed by the legacy launcher, which sets LOCAL_RANK too: "
+                             "accepted, not read")
     args = parser.parse_args(argv)
     if args.out_dir is None:
         args.out_dir = os.path.join("runs", Path(__file__).stem)

@@ -31,7 +31,7 @@ trains the same weights, resumes bitwise and validates exactly. What each NAME g
     init-from        --init-from: fine-tuning from a model.pt, a state dict or pretrained weights
     compile          --compile: faster steps on GPUs, after a minute or more of compiling
     sync-bn          --sync-bn: BatchNorm statistics of the global batch
-    bucket flags     --bucket-cap-mb, --gradient-as-bucket-view: tuning DDP's buckets
+    buckets          --bucket-cap-mb, --gradient-as-bucket-view: tuning DDP's buckets
     legacy launcher  python -m torch.distributed.launch (--local-rank)
     model check      a line, not a traceback at the first step, when the model cannot take the data
 Not on it: unreadable files, whose handling is woven into what the loaders yield.
@@ -63,11 +63,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import (DataLoader, Dataset, DistributedSampler, Sampler, Subset,
                               TensorDataset, default_collate)
 
-# How this file reads: first what you edit (your data and model), then the program -- one epoch
-# of training and of validation, main, the device or the processes, the data loaders, the optimizer
-# --, then the machinery that serves it, each of its sections marked "Skip on a first reading".
-# A "# [optional: NAME]" line may be deleted with what it stands above (a statement, or a line of
-# one), as may a line that ends in that tag: all of one NAME at once, for a simpler trainer.
+# How this file reads: first the section "your data and model" (what you edit), then the program
+# this step teaches (one epoch of training and of validation, main, the loaders, the optimizer...),
+# then, from the section "device" on, the machinery that program needs, each of its sections marked
+# "Skip on a first reading". A line "# [optional: NAME]" may be deleted together with the statement
+# under it (inside a statement: the line under it), and so may a line that ends in that tag: all of
+# one NAME at once, for a simpler trainer.
 
 # torchvision is imported inside the functions that need it: it takes seconds to import, and the
 # default run (synthetic data, small CNN) does not use it.
@@ -464,8 +465,8 @@ def train(args):
     # DDP broadcasts rank 0's weights at construction and averages gradients during backward.
     # device_ids names the one GPU this process drives; on CPU it must be left out.
     model = DDP(model,
-                bucket_cap_mb=args.bucket_cap_mb,  # [optional: bucket flags]
-                gradient_as_bucket_view=args.gradient_as_bucket_view,  # [optional: bucket flags]
+                bucket_cap_mb=args.bucket_cap_mb,  # [optional: buckets]
+                gradient_as_bucket_view=args.gradient_as_bucket_view,  # [optional: buckets]
                 device_ids=[local_rank] if device.type == "cuda" else None)
     optimizer = build_optimizer(args, model)
     scheduler = build_scheduler(args, optimizer,
@@ -492,9 +493,9 @@ def train(args):
     metrics_path = out_dir / "metrics.jsonl"
     log(f"process group {dist.get_backend()} | {world_size} processes | "
         f"timeout {args.timeout_min:g} min")
-    # [optional: bucket flags]
+    # [optional: buckets]
     # Bucket size and gradient views change how gradients travel, not what is averaged (beyond 2
-    # processes, the rounding of the sum at most; bench/ shows where they pay): read back from DDP.
+    # processes, the sum's rounding at most); bench/ shows where they pay.
     log(f"DDP buckets of {model.bucket_bytes_cap / 2**20:.3g} MB | gradients as bucket views: "
         f"{'yes' if model.gradient_as_bucket_view else 'no'}")
     log(f"global batch {args.batch_size * world_size * args.accum_steps} = {args.batch_size} per "
@@ -866,18 +867,6 @@ def build_scheduler(args, optimizer, steps_per_epoch):
 
 # --- checkpointing --------------------------------------------------------------------------------
 
-def prepare_out_dir(args):
-    """Create --out-dir and make sure a file can be written there, before any training."""
-    try:
-        Path(args.out_dir).mkdir(parents=True, exist_ok=True)
-        # Writing a file is the one sure test: permissions, read-only mounts and a file standing
-        # where the directory should be all fail here, in one line, instead of after the last epoch.
-        with tempfile.TemporaryFile(dir=args.out_dir):
-            pass
-    except OSError as err:
-        raise ConfigError(f"cannot write to --out-dir {args.out_dir}: {err.strerror or err}")
-
-
 @dataclasses.dataclass
 class TrainState:
     """Where the run stands as of its last optimizer step: what a checkpoint holds besides the
@@ -1086,7 +1075,19 @@ def configure_cuda(args, device):
 
 
 # --- writing files --------------------------------------------------------------------------------
-# Skip on a first reading: a file written whole: a temporary file, then a rename; one line if not.
+# Skip on a first reading: --out-dir tried first; files written whole (temporary file, rename).
+
+def prepare_out_dir(args):
+    """Create --out-dir and make sure a file can be written there, before any training."""
+    try:
+        Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+        # Writing a file is the one sure test: permissions, read-only mounts and a file standing
+        # where the directory should be all fail here, in one line, instead of after the last epoch.
+        with tempfile.TemporaryFile(dir=args.out_dir):
+            pass
+    except OSError as err:
+        raise ConfigError(f"cannot write to --out-dir {args.out_dir}: {err.strerror or err}")
+
 
 def atomic_save(obj, path):
     """Write obj (bytes, or what torch.save takes) to a temporary file, then rename: a reader sees
@@ -1438,10 +1439,10 @@ def parse_args(argv=None):
     # [optional: sync-bn]
     parser.add_argument("--sync-bn", action="store_true",
                         help="BatchNorm statistics of the global batch (SyncBatchNorm; CUDA)")
-    # [optional: bucket flags]
+    # [optional: buckets]
     parser.add_argument("--bucket-cap-mb", type=float, default=25.0,
                         help="DDP's gradient bucket size (its default): bigger, fewer all-reduces")
-    # [optional: bucket flags]
+    # [optional: buckets]
     parser.add_argument("--gradient-as-bucket-view", action="store_true",
                         help="gradients live in DDP's all-reduce buckets: one copy and one "
                              "gradient-sized buffer less (default: off, as in DDP)")
@@ -1454,7 +1455,8 @@ def parse_args(argv=None):
     # torch.distributed.launch passes --local-rank=N (--local_rank before torch 2.0) as well as
     # setting LOCAL_RANK, as torchrun does: the flag is accepted, and LOCAL_RANK read.
     parser.add_argument("--local-rank", "--local_rank", type=int, default=None,
-                        help="set by the legacy launcher; torchrun sets LOCAL_RANK instead")
+                        help="passed by the legacy launcher, which sets LOCAL_RANK too: "
+                             "accepted, not read")
     args = parser.parse_args(argv)
     if args.out_dir is None:
         args.out_dir = os.path.join("runs", Path(__file__).stem)
@@ -1473,7 +1475,7 @@ AT_LEAST = {"epochs": 1, "batch_size": 1, "log_interval": 1, "workers": 0, "weig
 
 
 POSITIVE = ("lr",
-            "bucket_cap_mb",  # [optional: bucket flags]
+            "bucket_cap_mb",  # [optional: buckets]
             "timeout_min")
 
 

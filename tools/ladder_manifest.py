@@ -94,7 +94,7 @@ MANIFEST = {
         },
         "removed": {"get_device": "group"},
         "flags_added": {"--backend", "--local-rank", "--timeout-min"},
-        "diff_size": (210, 68),
+        "diff_size": (211, 68),
     },
     "ddp_amp_accum.py": {
         "concepts": [
@@ -231,7 +231,7 @@ MANIFEST = {
         "removed": {},
         "flags_added": {"--resume", "--ckpt-steps", "--ckpt-epochs", "--keep-last", "--max-steps",
                         "--sync-bn", "--bucket-cap-mb", "--gradient-as-bucket-view"},
-        "diff_size": (494, 79),
+        "diff_size": (496, 79),
     },
     "fsdp.py": {
         "concepts": [

@@ -628,8 +628,7 @@ PITFALLS = [
                    "each part, then all, checks that no deleted flag or function is read, and runs the rest",
         "fix": [("ddp_full.py", "    compile          --compile: faster steps on GPUs, after a minute or more of")],
         "guards": ["tests/test_copiers_map.py::test_each_part_deletes_alone_and_the_rest_reads_nothing_it_defined",
-                   "tests/test_copiers_map.py::"
-                   "test_the_stripped_copy_trains_resumes_and_validates_as_the_full_script[ddp_full.py]"],
+                   "tests/test_copiers_map.py::test_the_stripped_copy_trains_resumes_and_validates_as_the_full_script"],
         "mutation": ("ddp_full.py", '        f"{args.weight_decay:g}")\n',
                      '        f"{args.weight_decay:g} | compile {\'on\' if args.compile else \'off\'}")\n'),
     },
