@@ -39,12 +39,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import (DataLoader, Dataset, DistributedSampler, Sampler, Subset,
                               TensorDataset, default_collate)
 
-# How this file reads: first the section "your data and model" (what you edit), then the program
-# this step teaches (one epoch of training and of validation, main, the loaders, the optimizer...),
-# then, from the section "device" on, the machinery that program needs, each of its sections marked
-# "Skip on a first reading". A line "# [optional: NAME]" may be deleted together with the statement
-# under it (inside a statement: the line under it), and so may a line that ends in that tag: all of
-# one NAME at once, for a simpler trainer.
+# How this file reads: first the program this step teaches -- main, then one epoch of training and
+# of validation --, then what it trains ("your data and model": the section you edit), the rest of
+# the program (the loaders, the optimizer...), and from the section "device" on the machinery that
+# program needs, each of its sections marked "Skip on a first reading". A part a copier may delete
+# is tagged "# [optional: NAME]": delete each such tag line with the statement under it (in a
+# docstring: the line under it), and each line that ends in the tag, all of one NAME at once.
 
 # torchvision is imported inside the functions that need it: it takes seconds to import, and the
 # default run (synthetic data, small CNN) does not use it.
@@ -65,6 +65,218 @@ MAX_UNREADABLE_IN_A_ROW = 16
 # The exit status of a write that failed (a full disk, a permission): EX_IOERR, which a requeueing
 # script can tell from bad input (2) and a crash (1). Free some space, then run the same command.
 EXIT_WRITE_FAILED = 74
+
+
+# --- main -----------------------------------------------------------------------------------------
+
+def train(args):
+    rank, local_rank, world_size, device = setup_distributed(args)
+    configure_cuda(args, device)
+    # Rank 0 writes the results: if it cannot, every process stops now, not after training.
+    rank0_only(rank, prepare_out_dir, args)
+    train_set, val_set, num_outputs = rank0_first(rank, build_datasets, args)
+    # [optional: model check]
+    check_model_fits(args, num_outputs, train_set, val_set)
+    train_loader, val_loader = build_loaders(args, train_set, val_set, device, rank, world_size)
+    set_seed(args.seed)
+    model = build_model(args, num_outputs)
+    # [optional: init-from]
+    if args.init_from:
+        # Rank 0 reads the weights; DDP hands them to every process when it wraps the model.
+        rank0_only(rank, init_weights_from, args, model)
+    layout = torch.channels_last if args.channels_last else torch.preserve_format
+    model = model.to(device, memory_format=layout)
+    log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
+    # [optional: compile]
+    if args.compile:
+        # In place, before DDP wraps it: dynamo skips DDP's forward (torch.nn's code), so a compiled
+        # wrapper compiles only what DDP calls, nothing of a model whose forward is torch.nn's
+        # (nn.Sequential). DDP still cuts the compiled model at its buckets, to overlap all-reduces.
+        model.compile()
+    # DDP broadcasts rank 0's weights at construction and averages gradients during backward.
+    # device_ids names the one GPU this process drives; on CPU it must be left out.
+    model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+    optimizer = build_optimizer(args, model)
+    scheduler = build_scheduler(args, optimizer,
+                                steps_per_epoch=math.ceil(len(train_loader) / args.accum_steps))
+    # fp16 needs loss scaling (small gradients underflow in fp16); bf16 has fp32's range and does
+    # not. A disabled scaler passes everything through, so one code path serves all three.
+    scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
+
+    # The weights came from the same seed everywhere; from here on each process draws its own
+    # random numbers (dropout, augmentation), or all of them would repeat one draw.
+    set_seed(args.seed + rank)
+
+    history = []  # metrics.jsonl's records (rank 0's)
+    # [optional: init-from]
+    if args.init_from and rank == 0:
+        # The starting weights' score, what fine-tuning must improve on: epoch 0 in metrics.jsonl.
+        history.append({"epoch": 0, **val_record(evaluate(args, model.module, val_loader, device))})
+        log_epoch(history[-1], args.epochs)
+
+    out_dir = Path(args.out_dir)
+    metrics_path = out_dir / "metrics.jsonl"
+    log(f"process group {dist.get_backend()} | {world_size} processes | "
+        f"timeout {args.timeout_min:g} min")
+    log(f"global batch {args.batch_size * world_size * args.accum_steps} = {args.batch_size} per "
+        f"process x {world_size} processes x {args.accum_steps} accumulation steps | "
+        f"amp {args.amp}")
+    log_recipe(args)
+    # Rank 0 writes; the others wait for its verdict: a write that fails stops every process here.
+    rank0_only(rank, write_metrics, metrics_path, history)
+
+    for epoch in range(args.epochs):
+        # Without set_epoch the sampler repeats epoch 0's order in every epoch.
+        train_loader.sampler.set_epoch(epoch)
+        epoch_start = time.perf_counter()
+        train_totals = train_one_epoch(args, model, train_loader, optimizer, scheduler, scaler,
+                                       device, epoch)
+        # Rank 0 evaluates the whole set alone, through model.module: the DDP wrapper's forward
+        # would start a collective (a buffer broadcast) that the others never join. They wait in
+        # rank0_only below, at most --timeout-min; ddp_full.py splits validation so none waits.
+        if rank == 0:
+            val_start = time.perf_counter()
+            val_totals = evaluate(args, model.module, val_loader, device)
+            record = epoch_record(epoch, train_totals, val_totals, val_start - epoch_start,
+                                  time.perf_counter() - val_start, scheduler.get_last_lr()[0])
+            history.append(record)
+            log_epoch(record, args.epochs)
+        rank0_only(rank, write_metrics, metrics_path, history)
+
+    save_start = time.perf_counter()
+    # Save the unwrapped model: its keys have no "module." prefix and load into the bare model.
+    rank0_only(rank, atomic_save, model.module.state_dict(), out_dir / "model.pt")
+    log(f"saved {out_dir / 'model.pt'} in {time.perf_counter() - save_start:.2f} s")
+
+
+def main(argv=None):
+    try:
+        check_task()
+        args = parse_args(argv)
+        check_args(args)
+        train(args)
+    except ConfigError as err:
+        # Bad input, which every process meets, is one line from rank 0; an error that one process
+        # met is that process's line, naming it (the peers it stopped say nothing).
+        rank = int(os.environ.get("RANK", 0))
+        if err.rank == rank or err.rank is None and rank == 0:
+            who = "" if err.rank is None else f"rank {err.rank}: "
+            intact = f"; {what_is_intact(args)}" if err.status == EXIT_WRITE_FAILED else ""
+            # One write: the lines of processes that print at once never run together.
+            sys.stderr.write(f"{Path(__file__).name}: error: {who}{err}{intact}\n")
+        return err.status
+    finally:
+        cleanup_distributed()
+    return 0
+
+
+# --- train/eval -----------------------------------------------------------------------------------
+
+def autocast(args, device):
+    """The forward in --amp's precision where autocast allows it (matmuls, convolutions)."""
+    return torch.autocast(device.type, dtype=AMP_DTYPES[args.amp], enabled=args.amp != "none")
+
+
+def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, epoch):
+    """Train for one epoch; return [loss sum, samples, unreadable files] over the epoch,
+    all processes."""
+    model.train()
+    totals = torch.zeros(3, dtype=torch.float64, device=device)
+    num_batches = len(loader)
+    num_steps = math.ceil(num_batches / args.accum_steps)
+    start = time.perf_counter()
+    for batch_index, (batch, unreadable) in enumerate(loader):
+        # A file that could not be read gave its place to the next readable one (SeededSamples).
+        for name in unreadable:
+            warn(f"cannot read {name}: trained on the next readable sample in its place")
+        totals[2] += len(unreadable)
+        batch = to_device(batch, device, args.channels_last)
+        # Micro-batches form groups of accum_steps; the epoch's last group may be shorter.
+        group_start = batch_index - batch_index % args.accum_steps
+        group_size = min(args.accum_steps, num_batches - group_start)
+        last_in_group = batch_index == group_start + group_size - 1
+        # DDP decides during the forward whether the coming backward all-reduces, so no_sync must
+        # cover the forward and the backward of every micro-batch but the group's last. (DDP reads
+        # the flag in its own code, which is never compiled: the same with --compile.)
+        sync_context = contextlib.nullcontext() if last_in_group else model.no_sync()
+        with sync_context:
+            with autocast(args, device):
+                loss, count = batch_loss(model, batch)
+            # Dividing by the group's size makes the summed gradients the mean over the group.
+            scaler.scale(loss / group_size).backward()
+        # A sum weighted by batch size, so a short last batch counts for what it holds.
+        totals[0] += loss.detach().double() * count
+        totals[1] += count
+        if not last_in_group:
+            continue
+        grad_norm = None
+        if args.clip_grad_norm > 0:
+            # Clip true gradients: unscale_ first divides out fp16's loss scale (once a step).
+            scaler.unscale_(optimizer)
+            # The norm before clipping, for the progress line: a rising norm warns of trouble.
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
+        # With fp16, step() skips the update when a gradient overflowed and update() adapts the
+        # scale; without a scaler (none, bf16) they are a plain optimizer.step() and nothing.
+        scaler.step(optimizer)
+        scaler.update()
+        # The rate this step used, for the progress line; then the schedule moves one step on:
+        # once per optimizer step, not per micro-batch.
+        lr = scheduler.get_last_lr()[0]
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step = batch_index // args.accum_steps + 1
+        if step % args.log_interval == 0 or step == num_steps:
+            elapsed = time.perf_counter() - start
+            samples = totals[1].item()
+            norm = "" if grad_norm is None else f" | grad norm {grad_norm.item():.3g}"
+            # Rank 0's own loss, and its throughput times the number of processes.
+            log(f"epoch {epoch + 1}/{args.epochs} step {step}/{num_steps} "
+                f"loss {totals[0].item() / samples:.4f} | lr {lr:.6g}{norm} | "
+                f"{samples * dist.get_world_size() / elapsed:.0f} samples/s{peak_memory(device)} | "
+                f"eta {format_seconds(elapsed / step * (num_steps - step))}")
+    # One all-reduce after the loop turns per-process sums into global ones.
+    dist.all_reduce(totals)
+    return totals
+
+
+@torch.no_grad()
+def evaluate(args, model, loader, device):
+    """Return the sums of EVAL_METRICS, the number of samples and of unreadable files over the
+    loader.
+
+    Sums, not means: a mean over batches of different sizes is not the mean over samples.
+    """
+    model.eval()
+    totals = torch.zeros(len(EVAL_METRICS) + 2, dtype=torch.float64, device=device)
+    for batch, unreadable in loader:
+        for name in unreadable:
+            warn(f"cannot read {name}: left out of validation")
+        totals[-1] += len(unreadable)
+        if batch is not None:  # None: not one sample of the batch could be read
+            batch = to_device(batch, device, args.channels_last)
+            with autocast(args, device):
+                sums, count = evaluate_batch(model, batch)
+            totals[:-2] += sums
+            totals[-2] += count
+    model.train()
+    return totals
+
+
+def val_record(val_totals):
+    """Validation's means over all samples, how many samples were counted and how many files
+    could not be read."""
+    count = val_totals[-2].item()
+    record = {f"val_{name}": val_totals[i].item() / count for i, name in enumerate(EVAL_METRICS)}
+    return {**record, "val_samples": int(count), "val_unreadable": int(val_totals[-1].item())}
+
+
+def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds, lr):
+    """One line of metrics.jsonl: means over all samples, the samples counted, the files that
+    could not be read, timings, and the learning rate the schedule has reached."""
+    return {"epoch": epoch + 1, "train_loss": train_totals[0].item() / train_totals[1].item(),
+            "train_unreadable": int(train_totals[2].item()), **val_record(val_totals),
+            "samples_per_sec": train_totals[1].item() / train_seconds,
+            "train_seconds": train_seconds, "val_seconds": val_seconds, "lr": lr}
 
 
 # --- your data and model ------------------------------------------------------------------------
@@ -244,218 +456,6 @@ def evaluate_batch(model, batch):
     loss = F.cross_entropy(logits, labels, reduction="sum")
     correct = (logits.argmax(dim=1) == labels).sum()
     return torch.stack([loss.double(), correct.double()]), labels.numel()
-
-
-# --- train/eval -----------------------------------------------------------------------------------
-
-def autocast(args, device):
-    """The forward in --amp's precision where autocast allows it (matmuls, convolutions)."""
-    return torch.autocast(device.type, dtype=AMP_DTYPES[args.amp], enabled=args.amp != "none")
-
-
-def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, epoch):
-    """Train for one epoch; return [loss sum, samples, unreadable files] over the epoch,
-    all processes."""
-    model.train()
-    totals = torch.zeros(3, dtype=torch.float64, device=device)
-    num_batches = len(loader)
-    num_steps = math.ceil(num_batches / args.accum_steps)
-    start = time.perf_counter()
-    for batch_index, (batch, unreadable) in enumerate(loader):
-        # A file that could not be read gave its place to the next readable one (SeededSamples).
-        for name in unreadable:
-            warn(f"cannot read {name}: trained on the next readable sample in its place")
-        totals[2] += len(unreadable)
-        batch = to_device(batch, device, args.channels_last)
-        # Micro-batches form groups of accum_steps; the epoch's last group may be shorter.
-        group_start = batch_index - batch_index % args.accum_steps
-        group_size = min(args.accum_steps, num_batches - group_start)
-        last_in_group = batch_index == group_start + group_size - 1
-        # DDP decides during the forward whether the coming backward all-reduces, so no_sync must
-        # cover the forward and the backward of every micro-batch but the group's last. (DDP reads
-        # the flag in its own code, which is never compiled: the same with --compile.)
-        sync_context = contextlib.nullcontext() if last_in_group else model.no_sync()
-        with sync_context:
-            with autocast(args, device):
-                loss, count = batch_loss(model, batch)
-            # Dividing by the group's size makes the summed gradients the mean over the group.
-            scaler.scale(loss / group_size).backward()
-        # A sum weighted by batch size, so a short last batch counts for what it holds.
-        totals[0] += loss.detach().double() * count
-        totals[1] += count
-        if not last_in_group:
-            continue
-        grad_norm = None
-        if args.clip_grad_norm > 0:
-            # Clip true gradients: unscale_ first divides out fp16's loss scale (once a step).
-            scaler.unscale_(optimizer)
-            # The norm before clipping, for the progress line: a rising norm warns of trouble.
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
-        # With fp16, step() skips the update when a gradient overflowed and update() adapts the
-        # scale; without a scaler (none, bf16) they are a plain optimizer.step() and nothing.
-        scaler.step(optimizer)
-        scaler.update()
-        # The rate this step used, for the progress line; then the schedule moves one step on:
-        # once per optimizer step, not per micro-batch.
-        lr = scheduler.get_last_lr()[0]
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        step = batch_index // args.accum_steps + 1
-        if step % args.log_interval == 0 or step == num_steps:
-            elapsed = time.perf_counter() - start
-            samples = totals[1].item()
-            norm = "" if grad_norm is None else f" | grad norm {grad_norm.item():.3g}"
-            # Rank 0's own loss, and its throughput times the number of processes.
-            log(f"epoch {epoch + 1}/{args.epochs} step {step}/{num_steps} "
-                f"loss {totals[0].item() / samples:.4f} | lr {lr:.6g}{norm} | "
-                f"{samples * dist.get_world_size() / elapsed:.0f} samples/s{peak_memory(device)} | "
-                f"eta {format_seconds(elapsed / step * (num_steps - step))}")
-    # One all-reduce after the loop turns per-process sums into global ones.
-    dist.all_reduce(totals)
-    return totals
-
-
-@torch.no_grad()
-def evaluate(args, model, loader, device):
-    """Return the sums of EVAL_METRICS, the number of samples and of unreadable files over the
-    loader.
-
-    Sums, not means: a mean over batches of different sizes is not the mean over samples.
-    """
-    model.eval()
-    totals = torch.zeros(len(EVAL_METRICS) + 2, dtype=torch.float64, device=device)
-    for batch, unreadable in loader:
-        for name in unreadable:
-            warn(f"cannot read {name}: left out of validation")
-        totals[-1] += len(unreadable)
-        if batch is not None:  # None: not one sample of the batch could be read
-            batch = to_device(batch, device, args.channels_last)
-            with autocast(args, device):
-                sums, count = evaluate_batch(model, batch)
-            totals[:-2] += sums
-            totals[-2] += count
-    model.train()
-    return totals
-
-
-def val_record(val_totals):
-    """Validation's means over all samples, how many samples were counted and how many files
-    could not be read."""
-    count = val_totals[-2].item()
-    record = {f"val_{name}": val_totals[i].item() / count for i, name in enumerate(EVAL_METRICS)}
-    return {**record, "val_samples": int(count), "val_unreadable": int(val_totals[-1].item())}
-
-
-def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds, lr):
-    """One line of metrics.jsonl: means over all samples, the samples counted, the files that
-    could not be read, timings, and the learning rate the schedule has reached."""
-    return {"epoch": epoch + 1, "train_loss": train_totals[0].item() / train_totals[1].item(),
-            "train_unreadable": int(train_totals[2].item()), **val_record(val_totals),
-            "samples_per_sec": train_totals[1].item() / train_seconds,
-            "train_seconds": train_seconds, "val_seconds": val_seconds, "lr": lr}
-
-
-# --- main -----------------------------------------------------------------------------------------
-
-def train(args):
-    rank, local_rank, world_size, device = setup_distributed(args)
-    configure_cuda(args, device)
-    # Rank 0 writes the results: if it cannot, every process stops now, not after training.
-    rank0_only(rank, prepare_out_dir, args)
-    train_set, val_set, num_outputs = rank0_first(rank, build_datasets, args)
-    # [optional: model check]
-    check_model_fits(args, num_outputs, train_set, val_set)
-    train_loader, val_loader = build_loaders(args, train_set, val_set, device, rank, world_size)
-    set_seed(args.seed)
-    model = build_model(args, num_outputs)
-    # [optional: init-from]
-    if args.init_from:
-        # Rank 0 reads the weights; DDP hands them to every process when it wraps the model.
-        rank0_only(rank, init_weights_from, args, model)
-    layout = torch.channels_last if args.channels_last else torch.preserve_format
-    model = model.to(device, memory_format=layout)
-    log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
-    # [optional: compile]
-    if args.compile:
-        # In place, before DDP wraps it: dynamo skips DDP's forward (torch.nn's code), so a compiled
-        # wrapper compiles only what DDP calls, nothing of a model whose forward is torch.nn's
-        # (nn.Sequential). DDP still cuts the compiled model at its buckets, to overlap all-reduces.
-        model.compile()
-    # DDP broadcasts rank 0's weights at construction and averages gradients during backward.
-    # device_ids names the one GPU this process drives; on CPU it must be left out.
-    model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
-    optimizer = build_optimizer(args, model)
-    scheduler = build_scheduler(args, optimizer,
-                                steps_per_epoch=math.ceil(len(train_loader) / args.accum_steps))
-    # fp16 needs loss scaling (small gradients underflow in fp16); bf16 has fp32's range and does
-    # not. A disabled scaler passes everything through, so one code path serves all three.
-    scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
-
-    # The weights came from the same seed everywhere; from here on each process draws its own
-    # random numbers (dropout, augmentation), or all of them would repeat one draw.
-    set_seed(args.seed + rank)
-
-    history = []  # metrics.jsonl's records (rank 0's)
-    # [optional: init-from]
-    if args.init_from and rank == 0:
-        # The starting weights' score, what fine-tuning must improve on: epoch 0 in metrics.jsonl.
-        history.append({"epoch": 0, **val_record(evaluate(args, model.module, val_loader, device))})
-        log_epoch(history[-1], args.epochs)
-
-    out_dir = Path(args.out_dir)
-    metrics_path = out_dir / "metrics.jsonl"
-    log(f"process group {dist.get_backend()} | {world_size} processes | "
-        f"timeout {args.timeout_min:g} min")
-    log(f"global batch {args.batch_size * world_size * args.accum_steps} = {args.batch_size} per "
-        f"process x {world_size} processes x {args.accum_steps} accumulation steps | "
-        f"amp {args.amp}")
-    log_recipe(args)
-    # Rank 0 writes; the others wait for its verdict: a write that fails stops every process here.
-    rank0_only(rank, write_metrics, metrics_path, history)
-
-    for epoch in range(args.epochs):
-        # Without set_epoch the sampler repeats epoch 0's order in every epoch.
-        train_loader.sampler.set_epoch(epoch)
-        epoch_start = time.perf_counter()
-        train_totals = train_one_epoch(args, model, train_loader, optimizer, scheduler, scaler,
-                                       device, epoch)
-        # Rank 0 evaluates the whole set alone, through model.module: the DDP wrapper's forward
-        # would start a collective (a buffer broadcast) that the others never join. They wait in
-        # rank0_only below, at most --timeout-min; ddp_full.py splits validation so none waits.
-        if rank == 0:
-            val_start = time.perf_counter()
-            val_totals = evaluate(args, model.module, val_loader, device)
-            record = epoch_record(epoch, train_totals, val_totals, val_start - epoch_start,
-                                  time.perf_counter() - val_start, scheduler.get_last_lr()[0])
-            history.append(record)
-            log_epoch(record, args.epochs)
-        rank0_only(rank, write_metrics, metrics_path, history)
-
-    save_start = time.perf_counter()
-    # Save the unwrapped model: its keys have no "module." prefix and load into the bare model.
-    rank0_only(rank, atomic_save, model.module.state_dict(), out_dir / "model.pt")
-    log(f"saved {out_dir / 'model.pt'} in {time.perf_counter() - save_start:.2f} s")
-
-
-def main(argv=None):
-    try:
-        check_task()
-        args = parse_args(argv)
-        check_args(args)
-        train(args)
-    except ConfigError as err:
-        # Bad input, which every process meets, is one line from rank 0; an error that one process
-        # met is that process's line, naming it (the peers it stopped say nothing).
-        rank = int(os.environ.get("RANK", 0))
-        if err.rank == rank or err.rank is None and rank == 0:
-            who = "" if err.rank is None else f"rank {err.rank}: "
-            intact = f"; {what_is_intact(args)}" if err.status == EXIT_WRITE_FAILED else ""
-            # One write: the lines of processes that print at once never run together.
-            sys.stderr.write(f"{Path(__file__).name}: error: {who}{err}{intact}\n")
-        return err.status
-    finally:
-        cleanup_distributed()
-    return 0
 
 
 # --- distributed ----------------------------------------------------------------------------------

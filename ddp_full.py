@@ -33,8 +33,11 @@ trains the same weights, resumes bitwise and validates exactly. What each NAME g
     sync-bn          --sync-bn: BatchNorm statistics of the global batch
     buckets          --bucket-cap-mb, --gradient-as-bucket-view: tuning DDP's buckets
     legacy launcher  python -m torch.distributed.launch (--local-rank)
-    model check      a line, not a traceback at the first step, when the model cannot take the data
-Not on it: unreadable files, whose handling is woven into what the loaders yield.
+    model check      one line, not a traceback at the first step, when the model cannot take
+                     the data or the data's first samples cannot be read
+Not on it: unreadable files, whose handling is woven into what the loaders yield, and what
+makes runs exact and safe (per-sample seeds, agreeing on a checkpoint, preemption). Deleting
+a part leaves a few mentions of it in comments and in RESUME_MAY_CHANGE: harmless.
 """
 import argparse
 import contextlib
@@ -63,12 +66,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import (DataLoader, Dataset, DistributedSampler, Sampler, Subset,
                               TensorDataset, default_collate)
 
-# How this file reads: first the section "your data and model" (what you edit), then the program
-# this step teaches (one epoch of training and of validation, main, the loaders, the optimizer...),
-# then, from the section "device" on, the machinery that program needs, each of its sections marked
-# "Skip on a first reading". A line "# [optional: NAME]" may be deleted together with the statement
-# under it (inside a statement: the line under it), and so may a line that ends in that tag: all of
-# one NAME at once, for a simpler trainer.
+# How this file reads: first the program this step teaches -- main, then one epoch of training and
+# of validation --, then what it trains ("your data and model": the section you edit), the rest of
+# the program (the loaders, the optimizer...), and from the section "device" on the machinery that
+# program needs, each of its sections marked "Skip on a first reading". A part a copier may delete
+# is tagged "# [optional: NAME]": delete each such tag line with the statement under it (in a
+# docstring: the line under it), and each line that ends in the tag, all of one NAME at once.
 
 # torchvision is imported inside the functions that need it: it takes seconds to import, and the
 # default run (synthetic data, small CNN) does not use it.
@@ -100,6 +103,295 @@ MAX_UNREADABLE_IN_A_ROW = 16
 # The exit status of a write that failed (a full disk, a permission): EX_IOERR, which a requeueing
 # script can tell from bad input (2) and a crash (1). Free some space, then run the same command.
 EXIT_WRITE_FAILED = 74
+
+
+# --- main -----------------------------------------------------------------------------------------
+
+def train(args):
+    rank, local_rank, world_size, device = setup_distributed(args)
+    configure_cuda(args, device)
+    # Rank 0 writes the results: if it cannot, every process stops now, not after training.
+    rank0_only(rank, prepare_out_dir, args)
+    train_set, val_set, num_outputs = rank0_first(rank, build_datasets, args)
+    # [optional: model check]
+    check_model_fits(args, num_outputs, train_set, val_set)
+    train_loader, val_loader = build_loaders(args, train_set, val_set, device, rank, world_size)
+    # Found before the model is built: a checkpoint wins over --init-from.
+    checkpoint, checkpoint_path = agree_on_checkpoint(args, world_size)
+    set_seed(args.seed)
+    model = build_model(args, num_outputs)
+    # [optional: init-from]
+    if args.init_from and checkpoint is None:
+        # Rank 0 reads the weights; DDP hands them to every process when it wraps the model.
+        rank0_only(rank, init_weights_from, args, model)
+    layout = torch.channels_last if args.channels_last else torch.preserve_format
+    model = model.to(device, memory_format=layout)
+    log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
+    # [optional: compile]
+    if args.compile:
+        # In place, before DDP wraps it: dynamo skips DDP's forward (torch.nn's code), so a compiled
+        # wrapper compiles only what DDP calls, nothing of a model whose forward is torch.nn's
+        # (nn.Sequential). DDP still cuts the compiled model at its buckets, to overlap all-reduces.
+        model.compile()
+    # [optional: sync-bn]
+    if args.sync_bn:
+        if device.type != "cuda":
+            raise ConfigError("--sync-bn needs CUDA GPUs: SyncBatchNorm runs on GPUs only")
+        # The global batch's statistics, all-reduced in every forward: they pay for small batches
+        # per GPU. Its keys stay BatchNorm's (model.pt loads without it); a resume needs it again.
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    # DDP broadcasts rank 0's weights at construction and averages gradients during backward.
+    # device_ids names the one GPU this process drives; on CPU it must be left out.
+    model = DDP(model,
+                bucket_cap_mb=args.bucket_cap_mb,  # [optional: buckets]
+                gradient_as_bucket_view=args.gradient_as_bucket_view,  # [optional: buckets]
+                device_ids=[local_rank] if device.type == "cuda" else None)
+    optimizer = build_optimizer(args, model)
+    scheduler = build_scheduler(args, optimizer,
+                                steps_per_epoch=math.ceil(len(train_loader) / args.accum_steps))
+    # fp16 needs loss scaling (small gradients underflow in fp16); bf16 has fp32's range and does
+    # not. A disabled scaler passes everything through, so one code path serves all three.
+    scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
+
+    # The weights came from the same seed everywhere; from here on each process draws its own
+    # random numbers (dropout, augmentation), or all of them would repeat one draw.
+    set_seed(args.seed + rank)
+    state = start_or_resume(checkpoint, checkpoint_path, model.module, optimizer, scheduler,
+                            scaler, train_loader, rank, device)
+    del checkpoint  # its tensors are copied into the model and the optimizer: free the memory
+    # [optional: init-from]
+    if args.init_from and checkpoint_path is None:
+        # The starting weights' score, what fine-tuning must improve on: epoch 0 in metrics.jsonl.
+        # Before the stop handler: nothing to save yet.
+        state.history.append({"epoch": 0, **val_record(evaluate(args, model.module, val_loader,
+                                                                device, preemption=None))})
+        log_epoch(state.history[-1], args.epochs)
+
+    out_dir = Path(args.out_dir)
+    metrics_path = out_dir / "metrics.jsonl"
+    log(f"process group {dist.get_backend()} | {world_size} processes | "
+        f"timeout {args.timeout_min:g} min")
+    # [optional: buckets]
+    # Bucket size and gradient views change how gradients travel, not what is averaged (beyond 2
+    # processes, the sum's rounding at most); bench/ measures them.
+    log(f"DDP buckets of {model.bucket_bytes_cap / 2**20:.3g} MB | gradients as bucket views: "
+        f"{'yes' if model.gradient_as_bucket_view else 'no'}")
+    log(f"global batch {args.batch_size * world_size * args.accum_steps} = {args.batch_size} per "
+        f"process x {world_size} processes x {args.accum_steps} accumulation steps | "
+        f"amp {args.amp}")
+    log_recipe(args)
+    # A resumed run rewrites the records of the epochs its checkpoint has seen, no more.
+    # Rank 0 writes; the others wait for its verdict: a write that fails stops every process here.
+    rank0_only(rank, write_metrics, metrics_path, state.history)
+    if checkpoint_path is not None:
+        log(f"resumed from {checkpoint_path}: epoch {state.epoch + 1}, step {state.step_in_epoch}")
+    if state.epoch >= args.epochs:
+        log(f"nothing to train: the run already completed {state.epoch} epochs; start afresh with "
+            f"--resume none or another --out-dir (or, with --lr-schedule constant, raise --epochs)")
+    preemption = Preemption()
+
+    try:
+        for epoch in range(state.epoch, args.epochs):
+            # Without set_epoch the sampler repeats epoch 0's order in every epoch.
+            train_loader.sampler.set_epoch(epoch)
+            # A resumed epoch skips the samples its first steps consumed, on every process.
+            train_loader.sampler.set_start(state.step_in_epoch * args.accum_steps * args.batch_size)
+            state.epoch = epoch
+            train_totals = train_one_epoch(args, model, train_loader, optimizer, scheduler, scaler,
+                                           device, state, preemption)
+            # Every process evaluates its shard through model.module: shards differ in length, and
+            # the DDP wrapper's forward starts a collective (a buffer broadcast) left unmatched.
+            val_start = time.perf_counter()
+            val_totals = evaluate(args, model.module, val_loader, device, preemption)
+            record = epoch_record(epoch, train_totals, val_totals, state.train_seconds,
+                                  time.perf_counter() - val_start, scheduler.get_last_lr()[0])
+            state.history.append(record)
+            # The next epoch begins: from here on a checkpoint resumes at its start.
+            state.epoch, state.step_in_epoch, state.train_seconds = epoch + 1, 0, 0.0
+            state.train_totals = torch.zeros(3, dtype=torch.float64, device=device)
+            state.rng, state.loader_rng = rng_state(), train_loader.generator.get_state()
+            log_epoch(record, args.epochs)
+            rank0_only(rank, write_metrics, metrics_path, state.history)
+            if epoch + 1 < args.epochs:
+                preemption.check()
+                check_max_steps(args, state)
+            if epoch + 1 == args.epochs or args.ckpt_epochs and (epoch + 1) % args.ckpt_epochs == 0:
+                save_checkpoint(args, model, optimizer, scheduler, scaler, state)
+    except Stop as stop:
+        return stop_run(args, stop, model, optimizer, scheduler, scaler, state)
+    finally:
+        preemption.close()
+
+    save_start = time.perf_counter()
+    # Save the unwrapped model: its keys have no "module." prefix and load into the bare model.
+    rank0_only(rank, atomic_save, model.module.state_dict(), out_dir / "model.pt")
+    log(f"saved {out_dir / 'model.pt'} in {time.perf_counter() - save_start:.2f} s")
+    return 0
+
+
+def main(argv=None):
+    try:
+        check_task()
+        args = parse_args(argv)
+        check_args(args)
+        status = train(args)
+    except ConfigError as err:
+        # Bad input, which every process meets, is one line from rank 0; an error that one process
+        # met is that process's line, naming it (the peers it stopped say nothing).
+        rank = int(os.environ.get("RANK", 0))
+        if err.rank == rank or err.rank is None and rank == 0:
+            who = "" if err.rank is None else f"rank {err.rank}: "
+            intact = f"; {what_is_intact(args)}" if err.status == EXIT_WRITE_FAILED else ""
+            # One write: the lines of processes that print at once never run together.
+            sys.stderr.write(f"{Path(__file__).name}: error: {who}{err}{intact}\n")
+        return err.status
+    finally:
+        cleanup_distributed()
+    return status
+
+
+# --- train/eval -----------------------------------------------------------------------------------
+
+def autocast(args, device):
+    """The forward in --amp's precision where autocast allows it (matmuls, convolutions)."""
+    return torch.autocast(device.type, dtype=AMP_DTYPES[args.amp], enabled=args.amp != "none")
+
+
+def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, state,
+                    preemption):
+    """Train for the rest of the epoch; return [loss sum, samples, unreadable files] over the
+    epoch, all processes.
+
+    `state` follows every optimizer step, so that a Stop raised here checkpoints the last one.
+    """
+    model.train()
+    # This process's sums so far in the epoch: zero at its start, or from a mid-epoch checkpoint.
+    totals = state.train_totals.clone()
+    num_batches = math.ceil(loader.sampler.num_samples / args.batch_size)
+    num_steps = math.ceil(num_batches / args.accum_steps)
+    first_step, start_seconds = state.step_in_epoch, state.train_seconds
+    start, start_samples = time.perf_counter(), totals[1].item()
+    for batch_index, (batch, unreadable) in enumerate(loader, start=first_step * args.accum_steps):
+        # A file that could not be read gave its place to the next readable one (SeededSamples).
+        for name in unreadable:
+            warn(f"cannot read {name}: trained on the next readable sample in its place")
+        totals[2] += len(unreadable)
+        batch = to_device(batch, device, args.channels_last)
+        # Micro-batches form groups of accum_steps; the epoch's last group may be shorter.
+        group_start = batch_index - batch_index % args.accum_steps
+        group_size = min(args.accum_steps, num_batches - group_start)
+        last_in_group = batch_index == group_start + group_size - 1
+        # DDP decides during the forward whether the coming backward all-reduces, so no_sync must
+        # cover the forward and the backward of every micro-batch but the group's last. (DDP reads
+        # the flag in its own code, which is never compiled: the same with --compile.)
+        sync_context = contextlib.nullcontext() if last_in_group else model.no_sync()
+        with sync_context:
+            with autocast(args, device):
+                loss, count = batch_loss(model, batch)
+            # Dividing by the group's size makes the summed gradients the mean over the group.
+            scaler.scale(loss / group_size).backward()
+        # A sum weighted by batch size, so a short last batch counts for what it holds.
+        totals[0] += loss.detach().double() * count
+        totals[1] += count
+        if last_in_group:
+            grad_norm = None
+            if args.clip_grad_norm > 0:
+                # Clip true gradients: unscale_ first divides out fp16's loss scale (once a step).
+                scaler.unscale_(optimizer)
+                # The norm before clipping, for the progress line: a rising norm warns of trouble.
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
+            # With fp16, step() skips the update when a gradient overflowed and update() adapts the
+            # scale; without a scaler (none, bf16) they are a plain optimizer.step() and nothing.
+            scaler.step(optimizer)
+            scaler.update()
+            # The rate this step used, for the progress line; then the schedule moves one step on:
+            # once per optimizer step, not per micro-batch.
+            lr = scheduler.get_last_lr()[0]
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            step = batch_index // args.accum_steps + 1
+            elapsed = time.perf_counter() - start
+            state.step_in_epoch, state.global_step = step, state.global_step + 1
+            state.train_totals, state.rng = totals.clone(), rng_state()
+            state.train_seconds = start_seconds + elapsed
+            if step % args.log_interval == 0 or step == num_steps:
+                samples = totals[1].item()
+                norm = "" if grad_norm is None else f" | grad norm {grad_norm.item():.3g}"
+                # Rank 0's own loss, and its throughput times the number of processes.
+                log(f"epoch {state.epoch + 1}/{args.epochs} step {step}/{num_steps} "
+                    f"loss {totals[0].item() / samples:.4f} | lr {lr:.6g}{norm} | "
+                    f"{(samples - start_samples) * dist.get_world_size() / elapsed:.0f} samples/s"
+                    f"{peak_memory(device)} | "
+                    f"eta {format_seconds(elapsed / (step - first_step) * (num_steps - step))}")
+            # At the epoch's end validation and the epoch's checkpoint come first.
+            if step < num_steps:
+                check_max_steps(args, state)
+                if args.ckpt_steps and state.global_step % args.ckpt_steps == 0:
+                    save_checkpoint(args, model, optimizer, scheduler, scaler, state)
+        # Mid-group, a stop goes back to the group's start, which `state` still describes.
+        preemption.check()
+    # One all-reduce after the loop turns per-process sums into global ones.
+    epoch_totals = totals.clone()
+    dist.all_reduce(epoch_totals)
+    return epoch_totals
+
+
+def check_max_steps(args, state):
+    if args.max_steps > 0 and state.global_step >= args.max_steps:
+        raise Stop("max-steps")
+
+
+@torch.no_grad()
+def evaluate(args, model, loader, device, preemption):
+    """Return the sums of EVAL_METRICS, the number of samples and of unreadable files over the
+    whole set.
+
+    Sums, not means: a mean over batches of different sizes is not the mean over samples.
+    This process evaluates its shard; one all-reduce of the sums gives the whole set's.
+    """
+    # Every process scores its shard with rank 0's buffers (BatchNorm's running statistics), those
+    # of the model saved: each has updated its own since DDP last broadcast them.
+    for buffer in model.buffers():
+        dist.broadcast(buffer, src=0)
+    model.eval()
+    totals = torch.zeros(len(EVAL_METRICS) + 2, dtype=torch.float64, device=device)
+    batches = iter(loader)
+    # Shards differ by one sample at most: every process goes round as often as the longest shard
+    # has batches, so that all can agree on a stop. None: past the shard's end, or all unreadable.
+    longest = math.ceil(len(loader.dataset) / dist.get_world_size())
+    for _ in range(math.ceil(longest / args.batch_size)):
+        batch, unreadable = next(batches, (None, []))
+        for name in unreadable:
+            warn(f"cannot read {name}: left out of validation")
+        totals[-1] += len(unreadable)
+        if batch is not None:
+            batch = to_device(batch, device, args.channels_last)
+            with autocast(args, device):
+                sums, count = evaluate_batch(model, batch)
+            totals[:-2] += sums
+            totals[-2] += count
+        if preemption is not None:  # None as the run starts: nothing to save
+            preemption.check()
+    model.train()
+    dist.all_reduce(totals)
+    return totals
+
+
+def val_record(val_totals):
+    """Validation's means over all samples, how many samples were counted and how many files
+    could not be read."""
+    count = val_totals[-2].item()
+    record = {f"val_{name}": val_totals[i].item() / count for i, name in enumerate(EVAL_METRICS)}
+    return {**record, "val_samples": int(count), "val_unreadable": int(val_totals[-1].item())}
+
+
+def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds, lr):
+    """One line of metrics.jsonl: means over all samples, the samples counted, the files that
+    could not be read, timings, and the learning rate the schedule has reached."""
+    return {"epoch": epoch + 1, "train_loss": train_totals[0].item() / train_totals[1].item(),
+            "train_unreadable": int(train_totals[2].item()), **val_record(val_totals),
+            "samples_per_sec": train_totals[1].item() / train_seconds,
+            "train_seconds": train_seconds, "val_seconds": val_seconds, "lr": lr}
 
 
 # --- your data and model ------------------------------------------------------------------------
@@ -281,295 +573,6 @@ def evaluate_batch(model, batch):
     loss = F.cross_entropy(logits, labels, reduction="sum")
     correct = (logits.argmax(dim=1) == labels).sum()
     return torch.stack([loss.double(), correct.double()]), labels.numel()
-
-
-# --- train/eval -----------------------------------------------------------------------------------
-
-def autocast(args, device):
-    """The forward in --amp's precision where autocast allows it (matmuls, convolutions)."""
-    return torch.autocast(device.type, dtype=AMP_DTYPES[args.amp], enabled=args.amp != "none")
-
-
-def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, state,
-                    preemption):
-    """Train for the rest of the epoch; return [loss sum, samples, unreadable files] over the
-    epoch, all processes.
-
-    `state` follows every optimizer step, so that a Stop raised here checkpoints the last one.
-    """
-    model.train()
-    # This process's sums so far in the epoch: zero at its start, or from a mid-epoch checkpoint.
-    totals = state.train_totals.clone()
-    num_batches = math.ceil(loader.sampler.num_samples / args.batch_size)
-    num_steps = math.ceil(num_batches / args.accum_steps)
-    first_step, start_seconds = state.step_in_epoch, state.train_seconds
-    start, start_samples = time.perf_counter(), totals[1].item()
-    for batch_index, (batch, unreadable) in enumerate(loader, start=first_step * args.accum_steps):
-        # A file that could not be read gave its place to the next readable one (SeededSamples).
-        for name in unreadable:
-            warn(f"cannot read {name}: trained on the next readable sample in its place")
-        totals[2] += len(unreadable)
-        batch = to_device(batch, device, args.channels_last)
-        # Micro-batches form groups of accum_steps; the epoch's last group may be shorter.
-        group_start = batch_index - batch_index % args.accum_steps
-        group_size = min(args.accum_steps, num_batches - group_start)
-        last_in_group = batch_index == group_start + group_size - 1
-        # DDP decides during the forward whether the coming backward all-reduces, so no_sync must
-        # cover the forward and the backward of every micro-batch but the group's last. (DDP reads
-        # the flag in its own code, which is never compiled: the same with --compile.)
-        sync_context = contextlib.nullcontext() if last_in_group else model.no_sync()
-        with sync_context:
-            with autocast(args, device):
-                loss, count = batch_loss(model, batch)
-            # Dividing by the group's size makes the summed gradients the mean over the group.
-            scaler.scale(loss / group_size).backward()
-        # A sum weighted by batch size, so a short last batch counts for what it holds.
-        totals[0] += loss.detach().double() * count
-        totals[1] += count
-        if last_in_group:
-            grad_norm = None
-            if args.clip_grad_norm > 0:
-                # Clip true gradients: unscale_ first divides out fp16's loss scale (once a step).
-                scaler.unscale_(optimizer)
-                # The norm before clipping, for the progress line: a rising norm warns of trouble.
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
-            # With fp16, step() skips the update when a gradient overflowed and update() adapts the
-            # scale; without a scaler (none, bf16) they are a plain optimizer.step() and nothing.
-            scaler.step(optimizer)
-            scaler.update()
-            # The rate this step used, for the progress line; then the schedule moves one step on:
-            # once per optimizer step, not per micro-batch.
-            lr = scheduler.get_last_lr()[0]
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step = batch_index // args.accum_steps + 1
-            elapsed = time.perf_counter() - start
-            state.step_in_epoch, state.global_step = step, state.global_step + 1
-            state.train_totals, state.rng = totals.clone(), rng_state()
-            state.train_seconds = start_seconds + elapsed
-            if step % args.log_interval == 0 or step == num_steps:
-                samples = totals[1].item()
-                norm = "" if grad_norm is None else f" | grad norm {grad_norm.item():.3g}"
-                # Rank 0's own loss, and its throughput times the number of processes.
-                log(f"epoch {state.epoch + 1}/{args.epochs} step {step}/{num_steps} "
-                    f"loss {totals[0].item() / samples:.4f} | lr {lr:.6g}{norm} | "
-                    f"{(samples - start_samples) * dist.get_world_size() / elapsed:.0f} samples/s"
-                    f"{peak_memory(device)} | "
-                    f"eta {format_seconds(elapsed / (step - first_step) * (num_steps - step))}")
-            # At the epoch's end validation and the epoch's checkpoint come first.
-            if step < num_steps:
-                check_max_steps(args, state)
-                if args.ckpt_steps and state.global_step % args.ckpt_steps == 0:
-                    save_checkpoint(args, model, optimizer, scheduler, scaler, state)
-        # Mid-group, a stop goes back to the group's start, which `state` still describes.
-        preemption.check()
-    # One all-reduce after the loop turns per-process sums into global ones.
-    epoch_totals = totals.clone()
-    dist.all_reduce(epoch_totals)
-    return epoch_totals
-
-
-def check_max_steps(args, state):
-    if args.max_steps > 0 and state.global_step >= args.max_steps:
-        raise Stop("max-steps")
-
-
-@torch.no_grad()
-def evaluate(args, model, loader, device, preemption):
-    """Return the sums of EVAL_METRICS, the number of samples and of unreadable files over the
-    whole set.
-
-    Sums, not means: a mean over batches of different sizes is not the mean over samples.
-    This process evaluates its shard; one all-reduce of the sums gives the whole set's.
-    """
-    # Every process scores its shard with rank 0's buffers (BatchNorm's running statistics), those
-    # of the model saved: each has updated its own since DDP last broadcast them.
-    for buffer in model.buffers():
-        dist.broadcast(buffer, src=0)
-    model.eval()
-    totals = torch.zeros(len(EVAL_METRICS) + 2, dtype=torch.float64, device=device)
-    batches = iter(loader)
-    # Shards differ by one sample at most: every process goes round as often as the longest shard
-    # has batches, so that all can agree on a stop. None: past the shard's end, or all unreadable.
-    longest = math.ceil(len(loader.dataset) / dist.get_world_size())
-    for _ in range(math.ceil(longest / args.batch_size)):
-        batch, unreadable = next(batches, (None, []))
-        for name in unreadable:
-            warn(f"cannot read {name}: left out of validation")
-        totals[-1] += len(unreadable)
-        if batch is not None:
-            batch = to_device(batch, device, args.channels_last)
-            with autocast(args, device):
-                sums, count = evaluate_batch(model, batch)
-            totals[:-2] += sums
-            totals[-2] += count
-        if preemption is not None:  # None as the run starts: nothing to save
-            preemption.check()
-    model.train()
-    dist.all_reduce(totals)
-    return totals
-
-
-def val_record(val_totals):
-    """Validation's means over all samples, how many samples were counted and how many files
-    could not be read."""
-    count = val_totals[-2].item()
-    record = {f"val_{name}": val_totals[i].item() / count for i, name in enumerate(EVAL_METRICS)}
-    return {**record, "val_samples": int(count), "val_unreadable": int(val_totals[-1].item())}
-
-
-def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds, lr):
-    """One line of metrics.jsonl: means over all samples, the samples counted, the files that
-    could not be read, timings, and the learning rate the schedule has reached."""
-    return {"epoch": epoch + 1, "train_loss": train_totals[0].item() / train_totals[1].item(),
-            "train_unreadable": int(train_totals[2].item()), **val_record(val_totals),
-            "samples_per_sec": train_totals[1].item() / train_seconds,
-            "train_seconds": train_seconds, "val_seconds": val_seconds, "lr": lr}
-
-
-# --- main -----------------------------------------------------------------------------------------
-
-def train(args):
-    rank, local_rank, world_size, device = setup_distributed(args)
-    configure_cuda(args, device)
-    # Rank 0 writes the results: if it cannot, every process stops now, not after training.
-    rank0_only(rank, prepare_out_dir, args)
-    train_set, val_set, num_outputs = rank0_first(rank, build_datasets, args)
-    # [optional: model check]
-    check_model_fits(args, num_outputs, train_set, val_set)
-    train_loader, val_loader = build_loaders(args, train_set, val_set, device, rank, world_size)
-    # Found before the model is built: a checkpoint wins over --init-from.
-    checkpoint, checkpoint_path = agree_on_checkpoint(args, world_size)
-    set_seed(args.seed)
-    model = build_model(args, num_outputs)
-    # [optional: init-from]
-    if args.init_from and checkpoint is None:
-        # Rank 0 reads the weights; DDP hands them to every process when it wraps the model.
-        rank0_only(rank, init_weights_from, args, model)
-    layout = torch.channels_last if args.channels_last else torch.preserve_format
-    model = model.to(device, memory_format=layout)
-    log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
-    # [optional: compile]
-    if args.compile:
-        # In place, before DDP wraps it: dynamo skips DDP's forward (torch.nn's code), so a compiled
-        # wrapper compiles only what DDP calls, nothing of a model whose forward is torch.nn's
-        # (nn.Sequential). DDP still cuts the compiled model at its buckets, to overlap all-reduces.
-        model.compile()
-    # [optional: sync-bn]
-    if args.sync_bn:
-        if device.type != "cuda":
-            raise ConfigError("--sync-bn needs CUDA GPUs: SyncBatchNorm runs on GPUs only")
-        # The global batch's statistics, all-reduced in every forward: they pay for small batches
-        # per GPU. Its keys stay BatchNorm's (model.pt loads without it); a resume needs it again.
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    # DDP broadcasts rank 0's weights at construction and averages gradients during backward.
-    # device_ids names the one GPU this process drives; on CPU it must be left out.
-    model = DDP(model,
-                bucket_cap_mb=args.bucket_cap_mb,  # [optional: buckets]
-                gradient_as_bucket_view=args.gradient_as_bucket_view,  # [optional: buckets]
-                device_ids=[local_rank] if device.type == "cuda" else None)
-    optimizer = build_optimizer(args, model)
-    scheduler = build_scheduler(args, optimizer,
-                                steps_per_epoch=math.ceil(len(train_loader) / args.accum_steps))
-    # fp16 needs loss scaling (small gradients underflow in fp16); bf16 has fp32's range and does
-    # not. A disabled scaler passes everything through, so one code path serves all three.
-    scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
-
-    # The weights came from the same seed everywhere; from here on each process draws its own
-    # random numbers (dropout, augmentation), or all of them would repeat one draw.
-    set_seed(args.seed + rank)
-    state = start_or_resume(checkpoint, checkpoint_path, model.module, optimizer, scheduler,
-                            scaler, train_loader, rank, device)
-    del checkpoint  # its tensors are copied into the model and the optimizer: free the memory
-    # [optional: init-from]
-    if args.init_from and checkpoint_path is None:
-        # The starting weights' score, what fine-tuning must improve on: epoch 0 in metrics.jsonl.
-        # Before the stop handler: nothing to save yet.
-        state.history.append({"epoch": 0, **val_record(evaluate(args, model.module, val_loader,
-                                                                device, preemption=None))})
-        log_epoch(state.history[-1], args.epochs)
-
-    out_dir = Path(args.out_dir)
-    metrics_path = out_dir / "metrics.jsonl"
-    log(f"process group {dist.get_backend()} | {world_size} processes | "
-        f"timeout {args.timeout_min:g} min")
-    # [optional: buckets]
-    # Bucket size and gradient views change how gradients travel, not what is averaged (beyond 2
-    # processes, the sum's rounding at most); bench/ shows where they pay.
-    log(f"DDP buckets of {model.bucket_bytes_cap / 2**20:.3g} MB | gradients as bucket views: "
-        f"{'yes' if model.gradient_as_bucket_view else 'no'}")
-    log(f"global batch {args.batch_size * world_size * args.accum_steps} = {args.batch_size} per "
-        f"process x {world_size} processes x {args.accum_steps} accumulation steps | "
-        f"amp {args.amp}")
-    log_recipe(args)
-    # A resumed run rewrites the records of the epochs its checkpoint has seen, no more.
-    # Rank 0 writes; the others wait for its verdict: a write that fails stops every process here.
-    rank0_only(rank, write_metrics, metrics_path, state.history)
-    if checkpoint_path is not None:
-        log(f"resumed from {checkpoint_path}: epoch {state.epoch + 1}, step {state.step_in_epoch}")
-    if state.epoch >= args.epochs:
-        log(f"nothing to train: the run already completed {state.epoch} epochs; start afresh with "
-            f"--resume none or another --out-dir (or, with --lr-schedule constant, raise --epochs)")
-    preemption = Preemption()
-
-    try:
-        for epoch in range(state.epoch, args.epochs):
-            # Without set_epoch the sampler repeats epoch 0's order in every epoch.
-            train_loader.sampler.set_epoch(epoch)
-            # A resumed epoch skips the samples its first steps consumed, on every process.
-            train_loader.sampler.set_start(state.step_in_epoch * args.accum_steps * args.batch_size)
-            state.epoch = epoch
-            train_totals = train_one_epoch(args, model, train_loader, optimizer, scheduler, scaler,
-                                           device, state, preemption)
-            # Every process evaluates its shard through model.module: shards differ in length, and
-            # the DDP wrapper's forward starts a collective (a buffer broadcast) left unmatched.
-            val_start = time.perf_counter()
-            val_totals = evaluate(args, model.module, val_loader, device, preemption)
-            record = epoch_record(epoch, train_totals, val_totals, state.train_seconds,
-                                  time.perf_counter() - val_start, scheduler.get_last_lr()[0])
-            state.history.append(record)
-            # The next epoch begins: from here on a checkpoint resumes at its start.
-            state.epoch, state.step_in_epoch, state.train_seconds = epoch + 1, 0, 0.0
-            state.train_totals = torch.zeros(3, dtype=torch.float64, device=device)
-            state.rng, state.loader_rng = rng_state(), train_loader.generator.get_state()
-            log_epoch(record, args.epochs)
-            rank0_only(rank, write_metrics, metrics_path, state.history)
-            if epoch + 1 < args.epochs:
-                preemption.check()
-                check_max_steps(args, state)
-            if epoch + 1 == args.epochs or args.ckpt_epochs and (epoch + 1) % args.ckpt_epochs == 0:
-                save_checkpoint(args, model, optimizer, scheduler, scaler, state)
-    except Stop as stop:
-        return stop_run(args, stop, model, optimizer, scheduler, scaler, state)
-    finally:
-        preemption.close()
-
-    save_start = time.perf_counter()
-    # Save the unwrapped model: its keys have no "module." prefix and load into the bare model.
-    rank0_only(rank, atomic_save, model.module.state_dict(), out_dir / "model.pt")
-    log(f"saved {out_dir / 'model.pt'} in {time.perf_counter() - save_start:.2f} s")
-    return 0
-
-
-def main(argv=None):
-    try:
-        check_task()
-        args = parse_args(argv)
-        check_args(args)
-        status = train(args)
-    except ConfigError as err:
-        # Bad input, which every process meets, is one line from rank 0; an error that one process
-        # met is that process's line, naming it (the peers it stopped say nothing).
-        rank = int(os.environ.get("RANK", 0))
-        if err.rank == rank or err.rank is None and rank == 0:
-            who = "" if err.rank is None else f"rank {err.rank}: "
-            intact = f"; {what_is_intact(args)}" if err.status == EXIT_WRITE_FAILED else ""
-            # One write: the lines of processes that print at once never run together.
-            sys.stderr.write(f"{Path(__file__).name}: error: {who}{err}{intact}\n")
-        return err.status
-    finally:
-        cleanup_distributed()
-    return status
 
 
 # --- distributed ----------------------------------------------------------------------------------

@@ -23,12 +23,12 @@ import torch.nn.functional as F
 from torch.utils.data import (DataLoader, Dataset, RandomSampler, Sampler, Subset, TensorDataset,
                               default_collate)
 
-# How this file reads: first the section "your data and model" (what you edit), then the program
-# this step teaches (one epoch of training and of validation, main, the loaders, the optimizer...),
-# then, from the section "device" on, the machinery that program needs, each of its sections marked
-# "Skip on a first reading". A line "# [optional: NAME]" may be deleted together with the statement
-# under it (inside a statement: the line under it), and so may a line that ends in that tag: all of
-# one NAME at once, for a simpler trainer.
+# How this file reads: first the program this step teaches -- main, then one epoch of training and
+# of validation --, then what it trains ("your data and model": the section you edit), the rest of
+# the program (the loaders, the optimizer...), and from the section "device" on the machinery that
+# program needs, each of its sections marked "Skip on a first reading". A part a copier may delete
+# is tagged "# [optional: NAME]": delete each such tag line with the statement under it (in a
+# docstring: the line under it), and each line that ends in the tag, all of one NAME at once.
 
 # torchvision is imported inside the functions that need it: it takes seconds to import, and the
 # default run (synthetic data, small CNN) does not use it.
@@ -48,6 +48,152 @@ MAX_UNREADABLE_IN_A_ROW = 16
 # The exit status of a write that failed (a full disk, a permission): EX_IOERR, which a requeueing
 # script can tell from bad input (2) and a crash (1). Free some space, then run the same command.
 EXIT_WRITE_FAILED = 74
+
+
+# --- main -----------------------------------------------------------------------------------------
+
+def train(args):
+    device = get_device()
+    configure_cuda(args, device)
+    # If the results cannot be written, stop now, not after training.
+    prepare_out_dir(args)
+    train_set, val_set, num_outputs = build_datasets(args)
+    # [optional: model check]
+    check_model_fits(args, num_outputs, train_set, val_set)
+    train_loader, val_loader = build_loaders(args, train_set, val_set, device)
+    set_seed(args.seed)
+    model = build_model(args, num_outputs)
+    # [optional: init-from]
+    if args.init_from:
+        init_weights_from(args, model)
+    layout = torch.channels_last if args.channels_last else torch.preserve_format
+    model = model.to(device, memory_format=layout)
+    log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
+    # [optional: compile]
+    if args.compile:
+        # In place: the model keeps its class and its state_dict keys (torch.compile(model) would
+        # return a wrapper that prefixes every key with "_orig_mod."), so model.pt loads anywhere.
+        model.compile()
+    optimizer = build_optimizer(args, model)
+    scheduler = build_scheduler(args, optimizer, steps_per_epoch=len(train_loader))
+
+    history = []  # metrics.jsonl's records
+    # [optional: init-from]
+    if args.init_from:
+        # The starting weights' score, what fine-tuning must improve on: epoch 0 in metrics.jsonl.
+        history.append({"epoch": 0, **val_record(evaluate(args, model, val_loader, device))})
+        log_epoch(history[-1], args.epochs)
+
+    out_dir = Path(args.out_dir)
+    metrics_path = out_dir / "metrics.jsonl"
+    log(f"global batch {args.batch_size}")
+    log_recipe(args)
+    write_metrics(metrics_path, history)
+
+    for epoch in range(args.epochs):
+        train_loader.sampler.generator.manual_seed(args.seed + epoch)
+        train_loader.sampler.set_epoch(epoch)  # the epoch of every sample's augmentation
+        epoch_start = time.perf_counter()
+        train_totals = train_one_epoch(args, model, train_loader, optimizer, scheduler, device,
+                                       epoch)
+        val_start = time.perf_counter()
+        val_totals = evaluate(args, model, val_loader, device)
+        record = epoch_record(epoch, train_totals, val_totals, val_start - epoch_start,
+                              time.perf_counter() - val_start, scheduler.get_last_lr()[0])
+        history.append(record)
+        write_metrics(metrics_path, history)
+        log_epoch(record, args.epochs)
+
+    save_start = time.perf_counter()
+    atomic_save(model.state_dict(), out_dir / "model.pt")
+    log(f"saved {out_dir / 'model.pt'} in {time.perf_counter() - save_start:.2f} s")
+
+
+def main(argv=None):
+    try:
+        check_task()
+        args = parse_args(argv)
+        check_args(args)
+        train(args)
+    except ConfigError as err:
+        intact = f"; {what_is_intact(args)}" if err.status == EXIT_WRITE_FAILED else ""
+        print(f"{Path(__file__).name}: error: {err}{intact}", file=sys.stderr, flush=True)
+        return err.status
+    return 0
+
+
+# --- train/eval -----------------------------------------------------------------------------------
+
+def train_one_epoch(args, model, loader, optimizer, scheduler, device, epoch):
+    """Train for one epoch; return [loss sum, samples, unreadable files] over the epoch."""
+    model.train()
+    totals = torch.zeros(3, dtype=torch.float64, device=device)
+    num_steps = len(loader)
+    start = time.perf_counter()
+    for batch_index, (batch, unreadable) in enumerate(loader):
+        # A file that could not be read gave its place to the next readable one (SeededSamples).
+        for name in unreadable:
+            warn(f"cannot read {name}: trained on the next readable sample in its place")
+        totals[2] += len(unreadable)
+        batch = to_device(batch, device, args.channels_last)
+        loss, count = batch_loss(model, batch)
+        loss.backward()
+        optimizer.step()
+        # The rate this step used, for the progress line; then the schedule moves one step on.
+        lr = scheduler.get_last_lr()[0]
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        # A sum weighted by batch size, so a short last batch counts for what it holds.
+        totals[0] += loss.detach().double() * count
+        totals[1] += count
+        step = batch_index + 1
+        if step % args.log_interval == 0 or step == num_steps:
+            elapsed = time.perf_counter() - start
+            samples = totals[1].item()
+            log(f"epoch {epoch + 1}/{args.epochs} step {step}/{num_steps} "
+                f"loss {totals[0].item() / samples:.4f} | lr {lr:.6g} | "
+                f"{samples / elapsed:.0f} samples/s{peak_memory(device)} | "
+                f"eta {format_seconds(elapsed / step * (num_steps - step))}")
+    return totals
+
+
+@torch.no_grad()
+def evaluate(args, model, loader, device):
+    """Return the sums of EVAL_METRICS, the number of samples and of unreadable files over the
+    loader.
+
+    Sums, not means: a mean over batches of different sizes is not the mean over samples.
+    """
+    model.eval()
+    totals = torch.zeros(len(EVAL_METRICS) + 2, dtype=torch.float64, device=device)
+    for batch, unreadable in loader:
+        for name in unreadable:
+            warn(f"cannot read {name}: left out of validation")
+        totals[-1] += len(unreadable)
+        if batch is not None:  # None: not one sample of the batch could be read
+            batch = to_device(batch, device, args.channels_last)
+            sums, count = evaluate_batch(model, batch)
+            totals[:-2] += sums
+            totals[-2] += count
+    model.train()
+    return totals
+
+
+def val_record(val_totals):
+    """Validation's means over all samples, how many samples were counted and how many files
+    could not be read."""
+    count = val_totals[-2].item()
+    record = {f"val_{name}": val_totals[i].item() / count for i, name in enumerate(EVAL_METRICS)}
+    return {**record, "val_samples": int(count), "val_unreadable": int(val_totals[-1].item())}
+
+
+def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds, lr):
+    """One line of metrics.jsonl: means over all samples, the samples counted, the files that
+    could not be read, timings, and the learning rate the schedule has reached."""
+    return {"epoch": epoch + 1, "train_loss": train_totals[0].item() / train_totals[1].item(),
+            "train_unreadable": int(train_totals[2].item()), **val_record(val_totals),
+            "samples_per_sec": train_totals[1].item() / train_seconds,
+            "train_seconds": train_seconds, "val_seconds": val_seconds, "lr": lr}
 
 
 # --- your data and model ------------------------------------------------------------------------
@@ -227,152 +373,6 @@ def evaluate_batch(model, batch):
     loss = F.cross_entropy(logits, labels, reduction="sum")
     correct = (logits.argmax(dim=1) == labels).sum()
     return torch.stack([loss.double(), correct.double()]), labels.numel()
-
-
-# --- train/eval -----------------------------------------------------------------------------------
-
-def train_one_epoch(args, model, loader, optimizer, scheduler, device, epoch):
-    """Train for one epoch; return [loss sum, samples, unreadable files] over the epoch."""
-    model.train()
-    totals = torch.zeros(3, dtype=torch.float64, device=device)
-    num_steps = len(loader)
-    start = time.perf_counter()
-    for batch_index, (batch, unreadable) in enumerate(loader):
-        # A file that could not be read gave its place to the next readable one (SeededSamples).
-        for name in unreadable:
-            warn(f"cannot read {name}: trained on the next readable sample in its place")
-        totals[2] += len(unreadable)
-        batch = to_device(batch, device, args.channels_last)
-        loss, count = batch_loss(model, batch)
-        loss.backward()
-        optimizer.step()
-        # The rate this step used, for the progress line; then the schedule moves one step on.
-        lr = scheduler.get_last_lr()[0]
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        # A sum weighted by batch size, so a short last batch counts for what it holds.
-        totals[0] += loss.detach().double() * count
-        totals[1] += count
-        step = batch_index + 1
-        if step % args.log_interval == 0 or step == num_steps:
-            elapsed = time.perf_counter() - start
-            samples = totals[1].item()
-            log(f"epoch {epoch + 1}/{args.epochs} step {step}/{num_steps} "
-                f"loss {totals[0].item() / samples:.4f} | lr {lr:.6g} | "
-                f"{samples / elapsed:.0f} samples/s{peak_memory(device)} | "
-                f"eta {format_seconds(elapsed / step * (num_steps - step))}")
-    return totals
-
-
-@torch.no_grad()
-def evaluate(args, model, loader, device):
-    """Return the sums of EVAL_METRICS, the number of samples and of unreadable files over the
-    loader.
-
-    Sums, not means: a mean over batches of different sizes is not the mean over samples.
-    """
-    model.eval()
-    totals = torch.zeros(len(EVAL_METRICS) + 2, dtype=torch.float64, device=device)
-    for batch, unreadable in loader:
-        for name in unreadable:
-            warn(f"cannot read {name}: left out of validation")
-        totals[-1] += len(unreadable)
-        if batch is not None:  # None: not one sample of the batch could be read
-            batch = to_device(batch, device, args.channels_last)
-            sums, count = evaluate_batch(model, batch)
-            totals[:-2] += sums
-            totals[-2] += count
-    model.train()
-    return totals
-
-
-def val_record(val_totals):
-    """Validation's means over all samples, how many samples were counted and how many files
-    could not be read."""
-    count = val_totals[-2].item()
-    record = {f"val_{name}": val_totals[i].item() / count for i, name in enumerate(EVAL_METRICS)}
-    return {**record, "val_samples": int(count), "val_unreadable": int(val_totals[-1].item())}
-
-
-def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds, lr):
-    """One line of metrics.jsonl: means over all samples, the samples counted, the files that
-    could not be read, timings, and the learning rate the schedule has reached."""
-    return {"epoch": epoch + 1, "train_loss": train_totals[0].item() / train_totals[1].item(),
-            "train_unreadable": int(train_totals[2].item()), **val_record(val_totals),
-            "samples_per_sec": train_totals[1].item() / train_seconds,
-            "train_seconds": train_seconds, "val_seconds": val_seconds, "lr": lr}
-
-
-# --- main -----------------------------------------------------------------------------------------
-
-def train(args):
-    device = get_device()
-    configure_cuda(args, device)
-    # If the results cannot be written, stop now, not after training.
-    prepare_out_dir(args)
-    train_set, val_set, num_outputs = build_datasets(args)
-    # [optional: model check]
-    check_model_fits(args, num_outputs, train_set, val_set)
-    train_loader, val_loader = build_loaders(args, train_set, val_set, device)
-    set_seed(args.seed)
-    model = build_model(args, num_outputs)
-    # [optional: init-from]
-    if args.init_from:
-        init_weights_from(args, model)
-    layout = torch.channels_last if args.channels_last else torch.preserve_format
-    model = model.to(device, memory_format=layout)
-    log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
-    # [optional: compile]
-    if args.compile:
-        # In place: the model keeps its class and its state_dict keys (torch.compile(model) would
-        # return a wrapper that prefixes every key with "_orig_mod."), so model.pt loads anywhere.
-        model.compile()
-    optimizer = build_optimizer(args, model)
-    scheduler = build_scheduler(args, optimizer, steps_per_epoch=len(train_loader))
-
-    history = []  # metrics.jsonl's records
-    # [optional: init-from]
-    if args.init_from:
-        # The starting weights' score, what fine-tuning must improve on: epoch 0 in metrics.jsonl.
-        history.append({"epoch": 0, **val_record(evaluate(args, model, val_loader, device))})
-        log_epoch(history[-1], args.epochs)
-
-    out_dir = Path(args.out_dir)
-    metrics_path = out_dir / "metrics.jsonl"
-    log(f"global batch {args.batch_size}")
-    log_recipe(args)
-    write_metrics(metrics_path, history)
-
-    for epoch in range(args.epochs):
-        train_loader.sampler.generator.manual_seed(args.seed + epoch)
-        train_loader.sampler.set_epoch(epoch)  # the epoch of every sample's augmentation
-        epoch_start = time.perf_counter()
-        train_totals = train_one_epoch(args, model, train_loader, optimizer, scheduler, device,
-                                       epoch)
-        val_start = time.perf_counter()
-        val_totals = evaluate(args, model, val_loader, device)
-        record = epoch_record(epoch, train_totals, val_totals, val_start - epoch_start,
-                              time.perf_counter() - val_start, scheduler.get_last_lr()[0])
-        history.append(record)
-        write_metrics(metrics_path, history)
-        log_epoch(record, args.epochs)
-
-    save_start = time.perf_counter()
-    atomic_save(model.state_dict(), out_dir / "model.pt")
-    log(f"saved {out_dir / 'model.pt'} in {time.perf_counter() - save_start:.2f} s")
-
-
-def main(argv=None):
-    try:
-        check_task()
-        args = parse_args(argv)
-        check_args(args)
-        train(args)
-    except ConfigError as err:
-        intact = f"; {what_is_intact(args)}" if err.status == EXIT_WRITE_FAILED else ""
-        print(f"{Path(__file__).name}: error: {err}{intact}", file=sys.stderr, flush=True)
-        return err.status
-    return 0
 
 
 # --- data loading ---------------------------------------------------------------------------------

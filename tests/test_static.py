@@ -69,7 +69,7 @@ def test_train_the_hub_that_calls_everything_stays_readable(script):
 # How a script is laid out (README, "How to read a script"): the program a step teaches first,
 # then the machinery it needs, each section of which says what it is for and that a first reading
 # may skip it. The same sections in the same order in every script; a step's own concept adds one.
-LESSON = ["your data and model", "train/eval", "main", "distributed", "sharding", "data loading",
+LESSON = ["main", "train/eval", "your data and model", "distributed", "sharding", "data loading",
           "optimizer and schedule", "checkpointing"]
 MACHINERY = ["device", "writing files", "samples", "model", "config", "logging"]
 SKIP = "# Skip on a first reading: "

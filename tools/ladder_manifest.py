@@ -231,7 +231,7 @@ MANIFEST = {
         "removed": {},
         "flags_added": {"--resume", "--ckpt-steps", "--ckpt-epochs", "--keep-last", "--max-steps",
                         "--sync-bn", "--bucket-cap-mb", "--gradient-as-bucket-view"},
-        "diff_size": (496, 79),
+        "diff_size": (499, 79),
     },
     "fsdp.py": {
         "concepts": [
