@@ -8,6 +8,7 @@
         --max-restarts=3 fsdp.py                                # restarts resume by themselves
     (unset, a restart often fails on stale keys of the reused rendezvous store: pytorch#135712)
     torchrun --standalone --nproc_per_node=3 fsdp.py            # resumes a run of 2 or 4 processes
+Needs torch 2.6 or later, where fully_shard became public in torch.distributed.fsdp.
 
 To train something else, edit the section "your data and model" and nothing else.
 
@@ -137,7 +138,7 @@ def train(args):
         # keeps each process's own slice of its own copy and broadcasts nothing.
         rank0_first(rank, init_weights_from, args, model)
     # The model stays on the CPU: fully_shard moves each unit to this process's device as it shards
-    # it, so a GPU never holds more than one unit whole. The weights keep their memory order
+    # it, so the whole model is never on a GPU, only its shards. The weights keep their memory order
     # (fully_shard takes contiguous parameters only); --channels-last reorders the inputs alone.
     log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
     # [optional: compile]
@@ -330,6 +331,8 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
             state.train_seconds = start_seconds + elapsed
             if step % args.log_interval == 0 or step == num_steps:
                 samples = totals[1].item()
+                # grad_norm.full_tensor() is a collective: every process builds the line, rank 0
+                # prints it.
                 norm = "" if grad_norm is None else \
                     f" | grad norm {grad_norm.full_tensor().item():.3g}"
                 # Rank 0's own loss, and its throughput times the number of processes.
@@ -387,8 +390,8 @@ def evaluate(args, model, loader, device, preemption):
             totals[-2] += count
         else:
             # Every forward gathers each block's parameters from all processes: a process that
-            # skipped one would leave the others waiting in it for ever. Without a batch, it runs
-            # the forward on a spare one and discards the result.
+            # skipped one would leave the others waiting in it until --timeout-min ends the run.
+            # Without a batch, it runs the forward on a spare one and discards the result.
             spare = spare if spare is not None else spare_batch(loader, device, args.channels_last)
             evaluate_batch(model, spare)
         if preemption is not None:  # None as the run starts: nothing to save
@@ -787,8 +790,8 @@ def precision_policies(args):
     """FSDP's mixed precision for --amp: the policies of the blocks, of the root, and of BatchNorm
     (None in float32, where it needs none of its own)."""
     dtype = AMP_DTYPES[args.amp]
-    # Parameters gathered in --amp's precision, for compute; gradients reduced in float32 (in a sum
-    # over processes bf16 loses the small ones); the model's output, the loss's input, in float32.
+    # Parameters gathered in --amp's precision, for compute; gradients reduced in float32 (averaged
+    # over processes in bf16, small ones round away); the model's output, the loss's input, float32.
     policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
     root_policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32,
                                        output_dtype=torch.float32)
@@ -808,9 +811,10 @@ def shard_model(args, model, device, world_size):
     down and not inside a block: the repeated units a model is built of (ResNet's residual blocks,
     a ViT's encoder layers, the CNN's convolutions). Before a block's forward, and again before
     its backward, its full parameters are gathered from every process's shards, and freed after:
-    a process holds the whole of one block at a time, of the rest its shards. What is in no block
-    (a stem, a classifier) is the root's, gathered for the whole forward. Smaller blocks free
-    memory sooner but send more, smaller messages."""
+    a process holds the whole of the block that computes and of the next, which FSDP gathers
+    ahead, of the rest its shards. What is in no block (a stem, a classifier) is the root's,
+    gathered from its forward to its backward. Smaller blocks free memory sooner but send more,
+    smaller messages."""
     mesh = init_device_mesh(device.type, (world_size,))
     policy, root_policy, norm_policy = precision_policies(args)
     units = []

@@ -26,11 +26,11 @@ LONG = [*TINY, "--train-samples", "512", "--batch-size", "8", "--ckpt-steps", "1
 RESTART_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
-def readme_restart_command():
-    """The restart command exactly as README.md gives it (the block after its restart-command marker)."""
-    text = (ROOT / "README.md").read_text()
+def documented_restart_command():
+    """The restart command exactly as docs/clusters.md gives it (the block after its restart-command marker)."""
+    text = (ROOT / "docs" / "clusters.md").read_text()
     block = re.search(r"<!-- restart-command -->\s*```(?:bash|sh)?\n(.+?)\n```", text, re.S)
-    assert block, "README.md has no restart command block"
+    assert block, "docs/clusters.md has no restart command block"
     return block.group(1).strip()
 
 
@@ -66,8 +66,8 @@ def output(out_dir):
     return (out_dir.parent / f"{out_dir.name}.log").read_text()
 
 
-def test_readme_restart_command_carries_the_reliable_restart_setting():
-    restart = readme_restart_command()
+def test_documented_restart_command_carries_the_reliable_restart_setting():
+    restart = documented_restart_command()
     assert restart.startswith("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun ")
     assert "--max-restarts=" in restart and restart.endswith("ddp_full.py")
 
@@ -76,8 +76,8 @@ def test_readme_restart_command_carries_the_reliable_restart_setting():
 def test_killed_worker_is_restarted_and_the_run_ends_bitwise_as_if_never_killed(runs, tmp_path):
     reference = runs.get("full_long_w2", "ddp_full.py", LONG[len(TINY):], nproc=2)
     out_dir = tmp_path / "crash"
-    # The README's command, with 2 processes instead of 4 and the test's settings appended.
-    restart = readme_restart_command().replace("--nproc_per_node=4", "--nproc_per_node=2")
+    # docs/clusters.md's command, with 2 processes instead of 4 and the test's settings appended.
+    restart = documented_restart_command().replace("--nproc_per_node=4", "--nproc_per_node=2")
     venv_bin = os.path.dirname(command("x", [], 2)[0])
     cmd = f'PATH="{venv_bin}:$PATH" {restart} ' + " ".join([*LONG, "--out-dir", str(out_dir)])
     process = start(cmd, out_dir)

@@ -1,5 +1,13 @@
 """Data paths: an image tree in the ImageFolder layout, and the default synthetic run learning."""
-from conftest import CLASSES, IMAGEFOLDER, check, launch, metrics, weights
+import re
+
+from conftest import CLASSES, IMAGEFOLDER, ROOT, check, launch, metrics, weights
+
+# A number as the scripts print one: 1228, 0.0174, 1.12947e-06, the parts of 0:00:01.
+NUMBER = re.compile(r"\d[\d.]*(?:e[-+]\d+)?")
+# The Quickstart's run on another machine: the same seed and torch, other CPU kernels, which round
+# differently and may move a few of the 1,000 validation predictions; 5 of them is 0.005.
+QUICKSTART_VAL_ACC_ATOL = 0.005
 
 
 def test_imagefolder_tree_trains_with_one_class_per_folder_and_counts_every_val_image(runs, image_tree):
@@ -10,8 +18,22 @@ def test_imagefolder_tree_trains_with_one_class_per_folder_and_counts_every_val_
     assert weights(out_dir)["classifier.weight"].shape == (len(CLASSES), 64)
 
 
+def test_quickstart_training_ends_with_the_lines_the_readme_shows(tmp_path):
+    readme = (ROOT / "README.md").read_text()
+    quickstart = readme[readme.index("## Quickstart"):]
+    command = re.search(r"```bash\n(.*?)\n```", quickstart, re.S).group(1)
+    assert command.endswith(" && .venv/bin/python single_gpu.py"), command
+    shown = re.search(r"Its last lines.*?```text\n(.*?)\n```", quickstart, re.S).group(1).splitlines()
+    result = check(launch("single_gpu.py", ["--out-dir", str(tmp_path)]))
+    printed = result.stdout.replace(str(tmp_path), "runs/single_gpu").splitlines()[-len(shown):]
+    # Every word the same; the numbers may differ (throughput and times do), except the accuracy.
+    assert [NUMBER.sub("#", line) for line in printed] == [NUMBER.sub("#", line) for line in shown], printed
+    accuracy = [float(re.search(r"val_acc ([\d.]+)", "\n".join(lines)).group(1)) for lines in (printed, shown)]
+    assert abs(accuracy[0] - accuracy[1]) <= QUICKSTART_VAL_ACC_ATOL, accuracy
+
+
 def test_default_synthetic_run_learns_and_prints_no_warnings(tmp_path):
-    # Exactly the Quickstart's launch (2 processes, every default), but for the output directory.
+    # The launch README's "Launching" shows (2 processes, every default), but for the output directory.
     result = launch("ddp_full.py", ["--out-dir", str(tmp_path)], nproc=2)
     check(result)
     records = metrics(tmp_path)

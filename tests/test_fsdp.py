@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from conftest import IMAGEFOLDER, TINY, TRAIN_SAMPLES, check, command, launch, metrics, weights
 from test_amp import AMP_FINAL_LOSS_ATOL, LEARNING, MIN_LOSS_DROP
 from test_bad_input import assert_one_clear_error, call_main
-from test_cluster import RESTART_ENV, children, free_port, output, readme_restart_command, start
+from test_cluster import RESTART_ENV, children, documented_restart_command, free_port, output, start
 from test_equivalence import GLOBAL_BATCH, assert_same_training
 from test_resume import assert_bitwise_equal
 from test_validation import BATCHNORM, VAL_LOSS_RTOL, assert_matches_reference, load_script
@@ -268,7 +268,7 @@ def test_fsdp_killed_worker_is_restarted_and_the_run_ends_bitwise_as_if_never_ki
     long = ["--train-samples", "512", "--batch-size", "8", "--ckpt-steps", "10"]
     reference = runs.get("fsdp_long_w2", "fsdp.py", long, nproc=2)
     out_dir = tmp_path / "crash"
-    restart = readme_restart_command().replace("--nproc_per_node=4", "--nproc_per_node=2")
+    restart = documented_restart_command().replace("--nproc_per_node=4", "--nproc_per_node=2")
     restart = restart.removesuffix("ddp_full.py") + "fsdp.py"
     venv_bin = os.path.dirname(command("x", [], 2)[0])
     cmd = f'PATH="{venv_bin}:$PATH" {restart} ' + " ".join([*TINY, *long, "--out-dir", str(out_dir)])

@@ -1,6 +1,6 @@
 """A guided page (tools/make_diffs.py) is read in one pass: each section uses only names that
-earlier sections or steps introduce, shows a handful of regions, and nothing twice; the pages
-stay short, and the README states their sizes."""
+earlier sections or steps introduce, shows a handful of regions and the whole code of its
+concept's mechanism, and nothing twice; the README states each page's size."""
 import re
 import sys
 
@@ -11,13 +11,11 @@ from conftest import ROOT
 sys.path.insert(0, str(ROOT / "tools"))
 import ladder  # noqa: E402
 import make_diffs  # noqa: E402
-from ladder_manifest import MANIFEST  # noqa: E402
+from ladder_manifest import FRAME, MANIFEST  # noqa: E402
 
 GUIDED = [(index, old, new) for index, (old, new) in enumerate(ladder.STEPS, 1)
-          if len([key for key, _, _ in MANIFEST[new]["concepts"] if key != "top"]) > 1]
+          if len([key for key, _, _ in MANIFEST[new]["concepts"] if key not in FRAME]) > 1]
 STEP_IDS = [new for _, _, new in GUIDED]
-# The 4 -> 5 page held 42,264 characters of text when a reader got lost in it (issue 18).
-FULL_PAGE_LIMIT = 43_000 // 2
 
 
 def page(index, old, new):
@@ -86,9 +84,31 @@ def test_code_that_checkpoints_rest_on_from_an_earlier_step_is_named_where_they_
     assert ("atomic_save", line) in checkpoint["uses"]
 
 
-def test_the_page_of_step_4_to_5_holds_at_most_half_the_text_it_once_did():
-    size = make_diffs.text_size(page(4, "ddp_amp_accum.py", "ddp_full.py"))
-    assert size <= FULL_PAGE_LIMIT, f"{size} characters of text"
+@pytest.mark.parametrize("index, old, new", GUIDED, ids=STEP_IDS)
+def test_every_mechanism_the_manifest_names_is_shown_whole_in_its_concepts_section(index, old, new):
+    # A reader must be able to write a concept from its section: folded to its docstring, the
+    # resumable sampler or the sharding plan could not be (two fresh readers, issue 26).
+    new_text = ladder.read(new, ROOT)
+    regions, starts = ladder.regions(new_text), ladder.region_starts(new_text)
+    old_regions = ladder.regions(ladder.read(old, ROOT))
+    sections = {s["key"]: s for s in make_diffs.guided_sections(old, new, ROOT)}
+    for name in MANIFEST[new].get("mechanisms", ()):
+        assert name in regions and name not in old_regions, f"{name} is not a new region of {new}"
+        key = MANIFEST[new]["regions"][name]
+        assert key not in FRAME, f"{name} serves the frame section {key!r}, not a concept"
+        shown = [rows for region, kind, rows in sections[key]["regions"] if region == name and kind == "added"]
+        assert shown, f"{name} is not shown in the section {key!r}"
+        numbers = {number for cls, number, _ in shown[0] if cls == "add"}
+        body = {starts[name] + k + 1 for k, line in enumerate(regions[name]) if line.strip()}
+        assert body <= numbers, f"{name}: lines {sorted(body - numbers)} left out"
+
+
+def test_a_new_definition_that_only_serves_bookkeeping_is_folded_to_its_docstring():
+    # release_device_meshes (teardown of DTensor's caches) is no part of sharding a model.
+    sections = make_diffs.guided_sections("ddp_full.py", "fsdp.py", ROOT)
+    shard = next(s for s in sections if s["key"] == "shard")
+    rows = next(rows for region, _, rows in shard["regions"] if region == "release_device_meshes")
+    assert rows[-1][2].startswith("\u22ef the body: lines "), rows[-1]
 
 
 def test_readme_states_the_text_size_of_every_guided_page():

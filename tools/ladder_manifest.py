@@ -16,17 +16,28 @@ For each step (the later script of a pair):
   flags_added the new command-line flags
   flags_removed optional: {flag: why} for a flag the step removes (a flag otherwise lives on)
   diff_size   (lines added, lines removed) of the whole diff, as `diff -u` counts them
-The key "top" collects the docstring; a guided page shows there too the changes of the regions in
-SHOWN_AT_TOP (imports, flags and their checks), once, whatever concept each serves.
+  mechanisms  the new functions and classes that carry a concept (the code a reader must see to
+              write it): a guided page shows each whole, in its concept's section; a new definition
+              not named here only serves bookkeeping, and shows its signature and docstring
+The key "top" opens a guided page with the docstring and the imports (SHOWN_AT_TOP); the key
+"flags" closes it with the new flags and their checks (SHOWN_AT_END): each shown once, whatever
+concept it serves, so the concepts' sections between them hold the code the concepts are made of.
 """
 
-# Regions that declare what a step needs: the docstring, the imports, the flags and their checks.
-# A guided page shows their changes once, in the top section, whatever concept each serves.
-SHOWN_AT_TOP = ("docstring", "imports", "parse_args", "AT_LEAST", "POSITIVE", "check_args")
+# Regions that declare what a step needs. A guided page shows their changes once, whatever concept
+# each serves: the docstring and the imports in the top section, the flags with their bounds and
+# checks in the closing one (bookkeeping: a reader meets each flag first where a section reads it).
+SHOWN_AT_TOP = ("docstring", "imports")
+SHOWN_AT_END = ("parse_args", "AT_LEAST", "POSITIVE", "check_args")
 
-TOP = ("top", "The top of the file: docstring, imports, flags",
-       "What the step is for and how to launch it, what it newly imports, and its new flags with "
-       "their checks: each is put to use in a section below.")
+TOP = ("top", "The top of the file: docstring and imports",
+       "What the step is for and how to launch it, and what it newly imports: each import is put to "
+       "use in a section below.")
+FLAGS = ("flags", "Flags and their checks: what changed",
+         "The flags the sections above read (args.name for --name), new or changed, with their defaults "
+         "and help, and the checks that stop a bad value in one line before any work.")
+# The sections that frame a guided page rather than teach a concept of their own.
+FRAME = (TOP[0], FLAGS[0])
 
 MANIFEST = {
     "dataparallel.py": {
@@ -66,6 +77,7 @@ MANIFEST = {
              "own code, DDP's forward among it: a compiled wrapper compiles only what DDP calls, "
              "and nothing of a model whose forward is torch.nn's. Inside DDP's forward the "
              "compiled graph is still cut at the gradient buckets."),
+            FLAGS,
         ],
         "regions": {
             "docstring": "top",
@@ -94,6 +106,7 @@ MANIFEST = {
         },
         "removed": {"get_device": "group"},
         "flags_added": {"--backend", "--local-rank", "--timeout-min"},
+        "mechanisms": {"setup_distributed", "cleanup_distributed", "rank0_only", "rank0_first"},
         "diff_size": (211, 68),
     },
     "ddp_amp_accum.py": {
@@ -111,6 +124,7 @@ MANIFEST = {
              "Clipping limits the global gradient norm. With fp16 the gradients are still scaled "
              "after backward: unscale_ divides the scale out first, once per step, so the clip "
              "sees the gradients the step will use."),
+            FLAGS,
         ],
         "regions": {
             "docstring": "top",
@@ -130,6 +144,7 @@ MANIFEST = {
         },
         "removed": {},
         "flags_added": {"--amp", "--accum-steps", "--clip-grad-norm"},
+        "mechanisms": {"autocast"},
         "diff_size": (71, 23),
     },
     "ddp_full.py": {
@@ -161,6 +176,7 @@ MANIFEST = {
             ("buckets", "DDP's bucket settings",
              "Gradients are all-reduced in buckets as backward fills them; the settings change how "
              "they travel, not what is averaged."),
+            FLAGS,
         ],
         "ahead": {
             "checkpoint": "resume",
@@ -231,32 +247,44 @@ MANIFEST = {
         "removed": {},
         "flags_added": {"--resume", "--ckpt-steps", "--ckpt-epochs", "--keep-last", "--max-steps",
                         "--sync-bn", "--bucket-cap-mb", "--gradient-as-bucket-view"},
+        "mechanisms": {"ShardSampler", "TrainState", "rng_state", "save_checkpoint", "load_checkpoint",
+                       "find_checkpoint", "agree_on_checkpoint", "restore", "set_rng_state",
+                       "start_or_resume", "ResumableDistributedSampler", "Stop", "check_max_steps",
+                       "stop_run", "Preemption"},
         "diff_size": (499, 79),
     },
     "fsdp.py": {
         "concepts": [
             TOP,
             ("shard", "Sharding the model: fully_shard",
-             "fully_shard (FSDP2) turns each parameter into a DTensor: a tensor of which each process "
-             "holds one slice, 1/world size of it (to_local() is this process's slice). The model is "
-             "cut into units: each block (a module directly inside an nn.Sequential or nn.ModuleList), "
-             "then the root, the whole model, for what is in no block. Before a unit computes, an "
-             "all-gather gives every process its full parameters, freed after; after its backward a "
-             "reduce-scatter leaves each process the sum of its slice of the gradients (an all-reduce "
-             "is a reduce-scatter followed by an all-gather). The optimizer is built on the slices, "
-             "after sharding; the device mesh names the processes the slices span, and at the end "
-             "DTensor's caches must let go of it."),
+             "fully_shard (FSDP2: torch.distributed.fsdp, public since torch 2.6) turns each parameter "
+             "into a DTensor: a tensor of which each process holds one slice along dim 0, about "
+             "1/world size of it (split as torch.chunk splits: the last slices may be smaller, or "
+             "empty), and to_local() is this process's slice. init_device_mesh names the processes the slices "
+             "span. The model is cut into units: each block (a module directly inside an "
+             "nn.Sequential or nn.ModuleList), then the root, the whole model, for what is in no "
+             "block. Before a unit computes, an all-gather gives every process its full parameters, "
+             "freed after its forward and again after its backward (FSDP2 gathers the next unit "
+             "while one computes, and the root's stay gathered from its forward to its backward). "
+             "After a unit's backward a reduce-scatter leaves each process its slice of the "
+             "gradients averaged over all processes, as DDP's all-reduce averages them (an "
+             "all-reduce is a reduce-scatter followed by an all-gather). The optimizer is built on "
+             "the slices, after sharding; at the end DTensor's caches must let go of the mesh."),
             ("precision", "Mixed precision: FSDP's policy",
              "MixedPrecisionPolicy instead of autocast: the slices stay float32, the gathered "
              "parameters are bf16 (or fp16) for compute, gradients are reduced in float32, and the "
-             "root gives its output back in float32 for the loss. BatchNorm, whose running statistics "
+             "root gives its output back in float32 for the loss. Unlike autocast, which picks the "
+             "dtype per operation and keeps softmax, norms and losses in float32, the policy casts a "
+             "unit's parameters and inputs: every operation on them in the unit runs in bf16, "
+             "softmax and norms included, and its gradients are computed in bf16 too. BatchNorm, whose running statistics "
              "FSDP does not cast, is a float32 unit of its own. fp16 keeps the GradScaler: it works "
              "on sharded gradients, and an overflow on one process skips the step on all."),
             ("accum", "Accumulation: a reduce-scatter per micro-batch",
-             "Each micro-batch's backward reduce-scatters its gradients into this process's slice, "
-             "where they are summed: K reduce-scatters a step, but a process never holds the whole "
-             "model's gradients between micro-batches (skipping them, FSDP's no_sync, held 44.7 MB on "
-             "resnet18 against 22.4, measured at 2 processes)."),
+             "Each micro-batch's backward reduce-scatters its gradients (averaged over processes) into "
+             "this process's slice, where the micro-batches' add up: K reduce-scatters a step, but a process never holds the whole "
+             "model's gradients between micro-batches (skipping them with set_requires_gradient_sync(False), "
+             "FSDP2's counterpart of no_sync, held 44.7 MB (10^6 bytes) on a 10-class resnet18 "
+             "against 22.4, measured at 2 processes)."),
             ("clip", "Clipping by the global norm",
              "clip_grad_norm_ over the sharded (DTensor) gradients computes the norm of all slices "
              "together, the same on every process, and returns it as a DTensor: full_tensor() gives "
@@ -281,6 +309,7 @@ MANIFEST = {
             ("modelpt", "model.pt: the whole model on rank 0",
              "get_model_state_dict gathers every slice to rank 0's CPU (the whole model may not fit "
              "its GPU): plain keys, loading into the model without FSDP."),
+            FLAGS,
         ],
         "ahead": {"precision_policies": "precision"},
         "regions": {
@@ -320,6 +349,7 @@ MANIFEST = {
         "flags_added": set(),
         "flags_removed": {"--bucket-cap-mb": "FSDP gathers and reduce-scatters per unit: no DDP buckets",
                           "--gradient-as-bucket-view": "no DDP buckets to view"},
-        "diff_size": (360, 128),
+        "mechanisms": {"shard_model", "precision_policies", "spare_batch", "check_shards"},
+        "diff_size": (364, 128),
     },
 }

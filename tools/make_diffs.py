@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ladder  # noqa: E402
-from ladder_manifest import MANIFEST, SHOWN_AT_TOP  # noqa: E402
+from ladder_manifest import FRAME, MANIFEST, SHOWN_AT_END, SHOWN_AT_TOP  # noqa: E402
 from pitfalls import PITFALLS  # noqa: E402
 
 # Two 100-column scripts side by side, with line numbers, fit a 1600-pixel-wide window at 11 px.
@@ -66,10 +66,10 @@ MARKS = {"add": "+", "del": "-", "mod": "~", "ctx": " ", "gap": " "}
 EDITED = 0.7
 # Unchanged lines shown above each change, to place it: none, the line number does.
 CONTEXT = 0
-# A new function or class whose body runs longer than this is shown by its signature, docstring
-# and (a function's) comments, the body left to the script: read whole, a new definition is easy
-# to follow there, while the changes to old code, scattered through it, are what a guided page
-# gathers.
+# A new function or class that carries a concept (the manifest's "mechanisms") is shown whole: it is
+# the code a reader must see to write the concept. One that only serves bookkeeping, if its body
+# runs longer than this, is shown by its signature, docstring and (a function's) comments, with the
+# line range of the rest in the script.
 FOLD_LINES = 4
 
 
@@ -79,12 +79,13 @@ def gap(number, left_out):
     return ("gap", "", f"\u22ef line {number}" if left_out > 3 else "\u22ef")
 
 
-def folded(lines, start):
-    """The rows of an added region: all of it, or, for a def or class whose body runs over
-    FOLD_LINES lines, the lines through its docstring and a row that says where the rest is."""
+def folded(lines, start, whole=False):
+    """The rows of an added region: all of it (always, if `whole`), or, for a def or class whose
+    body runs over FOLD_LINES lines, the lines through its docstring and a row that says where
+    the rest is."""
     node = ast.parse("\n".join(lines)).body[-1]
     rows = [("add", start + k + 1, line) for k, line in enumerate(lines)]
-    if not isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+    if whole or not isinstance(node, (ast.FunctionDef, ast.ClassDef)):
         return without_blank_rows(rows)
     first = node.body[0]
     docstring = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
@@ -106,11 +107,13 @@ def folded(lines, start):
 
 def docstring_rows(rows, lines, start):
     """A docstring's rows on a guided page: the new title and launch commands (its first two
-    paragraphs), not the old step's; the prose after them sums up the sections below, and the
-    last row says where to read it."""
+    paragraphs) whole, their unchanged lines as context, not the old step's; the prose after them
+    sums up the sections below, and the last row says where to read it."""
     blank = [k for k, line in enumerate(lines) if not line.strip()]
     end = start + (blank[1] if len(blank) > 1 else len(lines))  # the last line of paragraph two
-    kept = without_blank_rows([row for row in rows if row[0] in ("add", "ctx") and row[1] <= end])
+    added = {row[1] for row in rows if row[0] == "add"}
+    kept = without_blank_rows([("add" if start + k + 1 in added else "ctx", start + k + 1, line)
+                               for k, line in enumerate(lines) if start + k + 1 <= end])
     if any(row[0] == "add" and row[1] > end for row in rows):
         kept.append(("gap", "", f"\u22ef lines {end + 2}-{start + len(lines)}: the step in brief"))
     return kept
@@ -154,8 +157,9 @@ def guided_sections(old, new, root):
     the new script it adds (`added`) and `uses`: the functions and classes its added lines call
     that earlier steps wrote and this one leaves unchanged, each named once, where first used.
 
-    The changes of the regions in SHOWN_AT_TOP (imports, flags and their checks) all go to the
-    top section, whatever concept each serves: shown once, not again in every section."""
+    The changes of the regions in SHOWN_AT_TOP (the docstring, the imports) all go to the top
+    section and those of SHOWN_AT_END (flags and their checks) to the closing one, whatever concept
+    each serves: shown once, not again in every section."""
     entry = MANIFEST[new]
     old_text, new_text = ladder.read(old, root), ladder.read(new, root)
     old_regions, new_regions = ladder.regions(old_text), ladder.regions(new_text)
@@ -169,8 +173,9 @@ def guided_sections(old, new, root):
             continue
         old_lines, new_lines = old_regions.get(name, []), new_regions[name]
         tagged, _ = ladder.tag_chunks(old_lines, new_lines, entry["regions"][name])
-        if name in SHOWN_AT_TOP and "top" in by_key:
-            tagged = [("top", chunk) for _, chunk in tagged]
+        for frame, shown in (("top", SHOWN_AT_TOP), ("flags", SHOWN_AT_END)):
+            if name in shown and frame in by_key:
+                tagged = [(frame, chunk) for _, chunk in tagged]
         for key in keys:
             chunks = [chunk for concept, chunk in tagged if concept == key]
             if not chunks:
@@ -182,7 +187,8 @@ def guided_sections(old, new, root):
                 by_key[key]["regions"].append((name, "changed", rows))
                 by_key[key]["added"] += [number for cls, number, _ in rows if cls == "add"]
             else:  # a whole new region: one concept's, all its lines added (folded or not)
-                by_key[key]["regions"].append((name, "added", folded(new_lines, new_starts[name])))
+                whole = name in entry.get("mechanisms", ())
+                by_key[key]["regions"].append((name, "added", folded(new_lines, new_starts[name], whole)))
                 by_key[key]["added"] += [new_starts[name] + k + 1 for k in range(len(new_lines))]
     for name, key in entry["removed"].items():
         rows = without_blank_rows([("del", old_starts[name] + k + 1, line)
@@ -193,7 +199,7 @@ def guided_sections(old, new, root):
     earlier = {node.name for node in old_tree.body
                if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name not in entry["regions"]}
     names, starts, named = ladder.line_names(new_text), ladder.region_starts(new_text), set()
-    for section in sections[1:] if sections[0]["key"] == "top" else sections:
+    for section in [s for s in sections if s["key"] not in FRAME]:
         read = [name for line in section["added"] for scope, name in sorted(names.get(line, ((), ()))[1], key=str)
                 if scope is None]
         for name in dict.fromkeys(read):
@@ -323,7 +329,8 @@ def guided_page(index, old, new, root):
            f"<style>{GUIDED_STYLE}</style></head><body>", f"<h1>{title}</h1>",
            f"<p>Read the sections in order: each says why, then shows only its own changes to "
            f"<code>{new}</code> (green added, red removed, yellow edited; \u22ef: lines left out, "
-           f"with the line that follows), using only names that earlier sections or steps introduce. The whole "
+           f"with the line that follows), using names that earlier sections or steps introduce; a name used "
+           f"before its own section says where it comes from. The whole "
            f"diff: <a href=\"{name}.diff\">unified</a>, <a href=\"{name}.html\">side by side</a>.</p>",
            "<nav>"]
     out += [f"<a href=\"#{s['key']}\">{html.escape(s['title'])}</a>" for s in sections]
@@ -366,15 +373,19 @@ def line_of(script, anchor, root):
 
 
 def pitfalls_page(root):
+    """docs/pitfalls.md: why the scripts are as they are (pitfalls.WHY), then every pitfall, numbered."""
+    from pitfalls import WHY
     out = ["# Pitfalls the ladder fixes", "",
            "Generated by `tools/make_diffs.py` from `tools/pitfalls.py`; line links are current as of the last run.",
            "Each guard is a test that fails when the mistake is put back: `python tools/mutation_check.py`",
            "applies each mistake to a copy of the repository and runs its guard (results in",
-           "[mutations.md](mutations.md)).", ""]
+           "[mutations.md](mutations.md)).", "",
+           "## What the scripts get right, and why", "", WHY.rstrip("\n"), "",
+           "## The pitfalls, one by one", ""]
     for number, p in enumerate(PITFALLS, 1):
         links = ", ".join(f"[`{s}` line {line_of(s, a, root)}](../{s}#L{line_of(s, a, root)})" for s, a in p["fix"])
         guards = ", ".join(f"`{t}`" for t in p["guards"])
-        out += [f"## {number}. {p['title']}", "", f"- **Mistake:** {p['mistake']}", f"- **Symptom:** {p['symptom']}",
+        out += [f"### {number}. {p['title']}", "", f"- **Mistake:** {p['mistake']}", f"- **Symptom:** {p['symptom']}",
                 f"- **Correct:** {p['correct']} — {links}", f"- **Guarded by:** {guards}", ""]
     return "\n".join(out)
 
@@ -386,7 +397,7 @@ def generated(root=ladder.ROOT):
         name = diff_name(index, old, new)
         files[f"docs/diffs/{name}.diff"] = unified(old, new, root)
         files[f"docs/diffs/{name}.html"] = side_by_side(index, old, new, root, ladder.CONCEPTS[new])
-        if len([key for key, _, _ in MANIFEST[new]["concepts"] if key != "top"]) > 1:
+        if len([key for key, _, _ in MANIFEST[new]["concepts"] if key not in FRAME]) > 1:
             files[f"docs/diffs/{name}.guided.html"] = guided_page(index, old, new, root)
     files["docs/pitfalls.md"] = pitfalls_page(root)
     return files

@@ -5,6 +5,129 @@ fix: (script, a string found on exactly one line of it) -- the line the guide li
 guards: pytest node ids that must fail once `mutation` (script, old text, new text) is applied.
 """
 
+# The section "What the scripts get right, and why" of docs/pitfalls.md, as markdown (links relative
+# to docs/): make_diffs.py writes it above the numbered pitfalls.
+WHY = """\
+The tutorials these scripts grew from carry common mistakes, and GPUs, BatchNorm and clusters add
+more. Each is fixed here and guarded by a test; [The pitfalls, one by one](#the-pitfalls-one-by-one)
+lists them all, each with its mutation-checked guard.
+
+- **Same data order in every configuration.** The shuffle is a pure function of (seed, epoch):
+  `single_gpu.py` reseeds its sampler's generator each epoch; the DDP scripts call
+  `DistributedSampler.set_epoch(epoch)`. Without `set_epoch` every epoch repeats epoch 0's order.
+- **Validation is exact.** Losses are summed per sample and divided by the sample count — never a
+  mean of batch means. `ddp_basic.py` validates on rank 0 alone through `model.module` (the DDP
+  wrapper's forward would start a buffer broadcast that the other ranks never join: a hang).
+  `ddp_full.py` gives each rank an unpadded shard (`DistributedSampler` pads with repeats, which
+  would be counted) and all-reduces the sums and the count once after the loop.
+- **A file that cannot be read costs one warning, not the run.** Real image folders hold truncated
+  and corrupt files; left alone, one ends the run in a DataLoader worker's traceback, the other
+  processes die on a closed connection, and everything since the last checkpoint is lost. Stopping
+  with a checkpoint instead would need every process to agree before the forward of the batch that
+  holds the file, a collective per batch ahead of the one the preemption check already runs; and a
+  user would rather have the epoch than a stop over one photo. So the scripts skip it, in all six:
+  in training the next readable sample in index order takes its place, loaded with the missing
+  sample's seed (`SeededSamples`) — a choice made from (seed, epoch, index) alone, so one process
+  still trains what DDP trains and a resume is still bitwise; in validation the sample is left out
+  (`ReadableSamples`: a stand-in would count another sample twice) and the mean is over the rest.
+  The process that met the file prints one line naming it, once an epoch (`ddp_full.py: warning:
+  rank 1: cannot read …/3.png (cannot identify image file): trained on the next readable sample in
+  its place`), the epoch line ends with `unreadable files skipped: N`, and `metrics.jsonl` counts
+  them (`train_unreadable`, `val_unreadable`). What counts as unreadable is what reading a broken
+  file raises (`UNREADABLE`): `OSError` (PIL's `UnidentifiedImageError`, a truncated image, a file
+  gone) and `SyntaxError`, which PIL raises for a PNG with a broken chunk; a bug in a transform
+  still raises. More than `MAX_UNREADABLE_IN_A_ROW` (16) unreadable in a row is a broken data set,
+  not a broken file: among the first samples of either set it is one `error:` line at start; met
+  later, in a worker, it is still a traceback. Tested with a PNG truncated to 40 bytes, one with a
+  garbled chunk and an empty one, `--workers 0` and `2` (`tests/test_unreadable.py`).
+- **Sharded validation scores the saved model, BatchNorm included.** After the last step each
+  process holds BatchNorm running statistics of its own micro-batches (DDP broadcasts rank 0's at
+  the start of each forward; each process then updates its own). Scored with them, the shards
+  belong to no single model: a resnet18 run reported 278/397 correct where its saved model scores
+  276/397. `ddp_full.py` broadcasts rank 0's buffers before validating; tested with resnet18 on 2
+  and 3 processes against a one-process evaluation of `model.pt`.
+- **Accumulation syncs once per step.** `no_sync()` must cover the forward *and* the backward of
+  every micro-batch but the last (DDP decides during the forward); each micro-batch is backwarded
+  once, with its loss divided by the size of its group, and the epoch's short last group is
+  divided by its own size.
+- **Mixed precision uses `torch.autocast` and `torch.amp.GradScaler(device)`**, not the deprecated
+  `torch.cuda.amp`; the scaler steps and updates once per optimizer step, and `unscale_` comes
+  before clipping. bf16 needs no scaler.
+- **`LOCAL_RANK` from the environment**, which torchrun and the legacy launcher both set (torch's
+  elastic agent); `--local-rank`, which the legacy launcher also passes, is accepted and not read.
+  `device_ids` is given on CUDA only.
+- **Rank 0 writes; the unwrapped model is saved** (no `module.` prefix). Writes go to a temporary
+  file and `os.replace` — a reader sees the old file or the new one, never half of one.
+- **Checkpoints load onto the CPU.** `torch.load(map_location=<cuda device>)` would carry the saved
+  random states to the GPU, and `torch.set_rng_state`, `torch.cuda.set_rng_state` and
+  `Generator.set_state` take CPU byte tensors only: every resume on a GPU would end in
+  `TypeError: RNG state must be a torch.ByteTensor`. `load_state_dict` copies weights and optimizer
+  state to the model's device by itself. Tested with the meta device standing in for the GPU.
+- **DataParallel never hands a GPU one sample.** It splits a batch with `torch.chunk`: CIFAR-10's
+  last batch of 16 on 6 GPUs is 3,3,3,3,3,1, and BatchNorm fails on the chunk of one.
+  `dataparallel.py` drops the short last batch (its docstring also says that BatchNorm's running
+  statistics come from GPU 0's chunk alone). Tested by replaying the chunking for 2 to 8 GPUs.
+- **Teardown.** torch 2.14 + gloo aborts a worker at exit ("terminate called without an active
+  exception", about one run in six) if a DDP model is alive at `destroy_process_group()`. The model
+  lives inside `train()`, and `cleanup_distributed()` collects garbage before destroying the group.
+  That collection is instant because what lives for the whole run (modules, the process group,
+  the data) is collected once and frozen (`gc.freeze()`) before the model is built; the
+  interpreter's own collection at exit then skips it too (0.8 s less teardown on 2 processes).
+  The same abort came back, once in a CI run of the whole suite, from a group that outlived
+  `destroy_process_group()` with nothing of ours holding it: the meta-device check of the model
+  (`check_model_fits`) imports `torch._dynamo`, which imports `torch.distributed.nn.functional`,
+  whose collectives take the default group as a default argument, read at import. Imported after
+  `init_process_group`, it kept the group, and its gloo threads, alive to the interpreter's exit
+  (`torch.compile` imports it too). `setup_distributed()` now imports it first, so the defaults hold
+  None; `tests/test_teardown.py` checks, for each DDP script, that no gloo thread is left running
+  once `main()` returns (three were, before).
+- **Bad input gets one line and a non-zero exit** (status 2): `--batch-size 0`, `--accum-steps 0`,
+  nccl without CUDA, `--sync-bn` without CUDA, an unknown `--model`, a model that cannot take the
+  data, a missing or empty data directory, more processes than samples, a missing, truncated or
+  mismatched checkpoint, processes that found different checkpoints, an `--out-dir` where no file
+  can be written (checked by writing one before training starts, not discovered at the first
+  save). Rank 0 reports; errors found while rank 0 prepares the output directory or the data reach
+  every rank through a collective (`rank0_only`), so no rank is left waiting for a peer that has
+  exited.
+- **What goes wrong midway is one line too, and loses nothing.**
+  - *A write that fails* — a full disk or a permission, for a checkpoint, `model.pt` or
+    `metrics.jsonl`: one line from the process that met it, naming the file, the reason, the space
+    left on its file system and what is intact (`ddp_full.py: error: cannot write
+    runs/ddp_full/checkpoints/step_000000024.pt: No space left on device (0.00 MiB free there);
+    the files already in --out-dir are whole; the newest complete checkpoint is
+    runs/ddp_full/checkpoints/step_000000012.pt: fix that, then run the same command
+    again`), and exit status **74** (`EX_IOERR`), which a requeueing script can tell from bad
+    input (2), a crash (1) and a preemption (75). Every file is written to a temporary name and
+    renamed (`atomic_save`, `metrics.jsonl` included, rewritten whole each epoch), so the old file
+    stays whole and no temporary file is left; torch.save's own report of a full disk, a
+    RuntimeError ("unexpected pos") raised while handling the OSError, is recognised. Rank 0 writes
+    inside `rank0_only`, so the other processes wait for its verdict and all stop at the same
+    point: left alone they would die in their next collective on a closed connection, a traceback
+    each. `fsdp.py`'s shards are written by every process: `dcp.save` hands all of them the
+    failures, each process that failed prints its line with its rank, and rank 0 removes the
+    partial `.step_N.tmp/`. **What to do next:** free space (or move `--out-dir` with its files
+    to a roomier disk) and run the same command: `ddp_full.py` and `fsdp.py` resume from the
+    checkpoint the line names; the other scripts keep no checkpoint and start again. Under
+    `--max-restarts` torchrun restarts the group after status 74 as after any failed worker: each
+    restart resumes and stops with the same line until there is space.
+  - *An error that only some processes meet* is printed by each process that meets it, with its
+    rank: 8 processes on a 4-GPU node end in four lines `ddp_full.py: error: rank 5: local rank 5
+    but only 4 GPUs are visible: start at most one process per GPU` (as many as reach the check
+    before torchrun stops the rest) instead of silence. Bad input that every process meets stays
+    one line from rank 0. Data that one process cannot see (its node's disk lacks it) is the same:
+    rank 0 reads the data first, then the others, and one all-gather of their verdicts
+    (`rank0_first`) makes each process that failed print its line with its rank while every
+    process stops there — before, the line was lost and rank 0 died in DDP's first collective.
+  - *A section "your data and model" without a hook* is checked before any work (`check_task`):
+    one that must be there is one line naming it and what it must do; a later hook has a default
+    (see [Your own data and model](your-task.md)), so a copy of the section made before
+    the hook existed keeps working.
+
+  Tested with a real small file system (a tmpfs in a private mount namespace, `unshare`), a CPU
+  stand-in for the GPU count (`tests/fewer_gpus.py`), a process that cannot see the data
+  (`tests/missing_on_one_rank.py`) and sections with each hook removed (`tests/test_failures.py`).
+"""
+
 PITFALLS = [
     {
         "title": "no_sync around the backward only",
@@ -190,7 +313,7 @@ PITFALLS = [
                    "without thinking about the learning rate",
         "symptom": "a different global batch than intended: results change with the number of GPUs",
         "correct": "batch size per process; global batch = batch x world size x accumulation, printed at start; "
-                   "lr used as given (see the README)",
+                   "lr used as given ([flags.md](flags.md#batch-size-and-learning-rate))",
         "fix": [("ddp_basic.py", 'log(f"global batch {args.batch_size * world_size} =')],
         "guards": ["tests/test_equivalence.py::test_ddp_weights_do_not_depend_on_world_size"],
         "mutation": ("ddp_basic.py", "        batch_size=args.batch_size,\n",
@@ -583,7 +706,8 @@ PITFALLS = [
         "mistake": "calling a name of the section \"your data and model\" that an older copy of it lacks",
         "symptom": "a user's section written before `channels_last_pays` and `pretrained_weights` existed dies "
                    "with `NameError`, a traceback from every process",
-        "correct": "`check_task()` first: a hook with a default gets it (README), a missing required one is one "
+        "correct": "`check_task()` first: a hook with a default gets it ([your-task.md](your-task.md)), a missing "
+                   "required one is one "
                    "line naming it and what it must do",
         "fix": [("ddp_full.py", "    check_task()")],
         "guards": ["tests/test_failures.py::test_a_section_from_before_the_later_hooks_trains_with_their_defaults"],
