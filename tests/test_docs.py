@@ -117,3 +117,19 @@ def test_flags_page_names_every_flag_of_every_script_and_no_other():
 def test_readme_links_every_moved_page():
     linked = {target.partition("#")[0] for target in link_targets((ROOT / "README.md").read_text())}
     assert not set(MOVED_PAGES) - linked, sorted(set(MOVED_PAGES) - linked)
+
+
+def test_flags_page_says_which_scripts_have_each_flag_as_their_parsers_do():
+    # "all", "3–6" or "5 (not 6: ...)": steps of the ladder, 1 to 6, read from the table's third column.
+    in_scripts = script_flags()
+    for line in (ROOT / "docs" / "flags.md").read_text().splitlines():
+        if not line.startswith("| `--"):
+            continue
+        cells = [cell.strip() for cell in line.split("|")]
+        flag, where = re.search(r"`(--[\w-]+)`", cells[1]).group(1), cells[3]
+        if where == "all":
+            steps = range(1, len(SCRIPTS) + 1)
+        else:
+            first, last = re.match(r"(\d)(?:–(\d))?", where).groups()
+            steps = range(int(first), int(last or first) + 1)
+        assert sorted(in_scripts[flag]) == sorted(SCRIPTS[step - 1] for step in steps), (flag, where)
