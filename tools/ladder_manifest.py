@@ -115,7 +115,9 @@ MANIFEST = {
             ("amp", "Mixed precision",
              "torch.autocast runs matmuls and convolutions in bf16 or fp16 and keeps the weights in "
              "float32. fp16's small range needs a GradScaler, which scales the loss up before "
-             "backward and the gradients down before the step; bf16 needs none."),
+             "backward and the gradients down before the step; bf16 needs none. "
+             "torch.amp.GradScaler(device), for any device, is torch 2.3's (torch.cuda.amp's is "
+             "deprecated)."),
             ("accum", "Gradient accumulation with no_sync",
              "K micro-batches make one optimizer step, their gradients summed. DDP decides in the "
              "forward whether the backward all-reduces, so no_sync covers the forward and backward "
