@@ -136,6 +136,8 @@ def main():
     elapsed = time.perf_counter() - start
     result = {"samples_per_sec": samples * world_size / elapsed, "wait_fraction": wait / (wait + compute),
               "seconds_per_step": elapsed / args.steps}
+    if device.type == "cuda":  # the most this process's tensors held on the GPU
+        result["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
     if args.count_comm:
         result.update(reductions_per_step=counts["reductions"] / args.steps, bytes_per_step=counts["bytes"] / args.steps)
     if args.mode == "independent":  # no group: every process reports, the sum is the global rate

@@ -1,7 +1,8 @@
-"""The benchmark runs and writes its table; the GPU check names only flags the scripts accept and,
-without CUDA, stops with one line (smoke tests: behaviour only, never a timing assertion)."""
+"""The benchmark runs and writes its table; the GPU check fits its budget, names only flags the
+scripts accept and, without CUDA, stops with one line (smoke tests: behaviour only, never a timing
+assertion)."""
 import importlib.util
-import os
+import re
 import shlex
 import subprocess
 import sys
@@ -35,35 +36,103 @@ def test_benchmark_quick_run_writes_a_results_table(tmp_path):
     assert float(step.split("|")[2]) > 0
 
 
-def test_gpu_check_runs_every_script_with_flags_it_accepts(tmp_path):
+def gpu_check(*args):
+    return subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def load_gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "bench" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("gpus", [1, 8])
+@pytest.mark.parametrize("part", ["correctness", "speed"])
+def test_each_part_of_the_gpu_check_plans_its_launches_within_five_minutes(part, gpus):
+    # The GPU machine lent to this project: about 15 minutes in all, start-up included, and 10 a
+    # command. Each part's launches have budgets (each stopped when it spends its own) that must add
+    # up to at most 300 s, so both parts and a rerun fit.
+    result = gpu_check(part, "--dry-run", "--gpus", str(gpus))
+    assert result.returncode == 0, result.stdout[-2000:]
+    budgets = [int(b) for b in re.findall(r"^# \S+: budget (\d+) s", result.stdout, re.M)]
+    assert budgets and sum(budgets) <= 300, budgets
+
+
+def test_a_gpu_check_part_whose_budgets_pass_its_limit_fails_the_dry_run():
+    result = gpu_check("speed", "--dry-run", "--limit", "100")
+    assert result.returncode == 1 and "of 100 s" in result.stdout
+
+
+def test_gpu_check_runs_every_script_with_flags_it_accepts():
     # The check itself needs CUDA, which CI does not have; its dry run prints the commands it would
     # run, so a renamed or removed flag fails here instead of on the next machine with a GPU.
-    result = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), str(tmp_path)], cwd=ROOT,
-                            env=dict(os.environ, DRY_RUN="1", PYTHON=sys.executable),
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-3000:]
     checked = set()
-    for line in result.stdout.splitlines():
-        words = shlex.split(line)
-        names = [w for w in words if w in SCRIPTS]
-        if not names:
-            continue
-        name = names[0]
-        spec = importlib.util.spec_from_file_location(f"gpu_check_{name[:-3]}", ROOT / name)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        module.parse_args(words[words.index(name) + 1:])  # argparse exits (the test fails) on a bad flag
-        checked.add(name)
+    for part in ("correctness", "speed"):
+        for gpus in ("1", "2"):
+            for line in gpu_check(part, "--dry-run", "--gpus", gpus).stdout.splitlines():
+                words = [] if line.startswith("#") else shlex.split(line)
+                names = [w for w in words if w in SCRIPTS]
+                if not names:
+                    continue
+                name = names[0]
+                spec = importlib.util.spec_from_file_location(f"gpu_check_{name[:-3]}", ROOT / name)
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
+                module.parse_args(words[words.index(name) + 1:])  # argparse exits (the test fails) on a bad flag
+                checked.add(name)
     assert checked == set(SCRIPTS)
+
+
+def test_gpu_check_names_a_world_of_one_and_adds_two_processes_sharing_the_gpu():
+    one = gpu_check("correctness", "--dry-run", "--gpus", "1").stdout
+    assert "a world of one" in one and "2 processes on 1 GPU (gloo)" in one
+    assert one.count("--nnodes=2 --nproc_per_node=1") == 2  # two agents of one process each
+    two = gpu_check("correctness", "--dry-run", "--gpus", "2").stdout
+    assert "a world of one" not in two and "two_on_one_gpu" not in two and "--nproc_per_node=2" in two
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="about machines without CUDA; with it the check runs for real")
 def test_gpu_check_without_cuda_is_one_clear_error_and_writes_nothing(tmp_path):
-    result = subprocess.run(["bash", str(ROOT / "bench" / "gpu_check.sh"), str(tmp_path / "out")], cwd=ROOT,
-                            env=dict(os.environ, PYTHON=sys.executable), capture_output=True, text=True, timeout=120)
+    result = gpu_check("correctness", str(tmp_path / "out"))
     assert result.returncode == 2
     assert result.stderr.strip() == "gpu_check: no CUDA device visible"
     assert not (tmp_path / "out").exists()
+
+
+def test_a_gpu_check_launch_past_its_budget_is_stopped_with_all_its_processes(tmp_path):
+    gpu = load_gpu_check()
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    result, seconds, _ = gpu.run(gpu.Launch("sleepy", [sleeper, list(sleeper)], 2, "-", "-"), tmp_path)
+    assert result.startswith("OVER BUDGET: stopped at 2 s") and seconds < 10, (result, seconds)
+
+
+def test_gpu_check_compares_resumed_weights_relative_to_each_tensors_scale(tmp_path):
+    gpu = load_gpu_check()
+    straight = {"big": torch.full((100,), 100.0), "small": torch.full((100,), 1e-3), "steps": torch.tensor(16)}
+    torch.save(straight, tmp_path / "straight.pt")
+    # Rounding: the same tiny relative error on a tensor of any scale (running_var's or a bias's) passes.
+    rounded = {k: v * (1 + 1e-6) if v.is_floating_point() else v for k, v in straight.items()}
+    # A lost piece of state: one tensor off by 1e-3 of its scale fails, however small its values.
+    broken = dict(straight, small=straight["small"] * (1 + 1e-3))
+    for name, state in (("rounded", rounded), ("broken", broken), ("steps", dict(straight, steps=torch.tensor(15)))):
+        torch.save(state, tmp_path / f"{name}.pt")
+    worst, equal = gpu.compare_weights(tmp_path / "rounded.pt", tmp_path / "straight.pt")
+    assert worst <= gpu.RESUME_RTOL and equal
+    worst, equal = gpu.compare_weights(tmp_path / "broken.pt", tmp_path / "straight.pt")
+    assert worst > gpu.RESUME_RTOL and equal
+    assert gpu.compare_weights(tmp_path / "steps.pt", tmp_path / "straight.pt")[1] is False
+
+
+def test_gpu_check_reads_speed_and_peak_memory_from_each_programs_output():
+    gpu = load_gpu_check()
+    bench = 'BENCH {"samples_per_sec": 2500.0, "peak_memory_gib": 7.5}'
+    script = ("epoch 2/2 step 20/30 loss 2.1 | lr 0.1 | 2400 samples/s | peak memory 8.25 GiB | eta 0:00:01\n"
+              "epoch 2/2 step 30/30 loss 2.0 | lr 0.1 | 2450 samples/s | peak memory 8.31 GiB | eta 0:00:00\n"
+              "epoch 2/2 train_loss 2.0 val_loss 2.3 val_acc 0.1 (64 samples) | 2450 samples/s")
+    assert gpu.speed_of(bench) == (2500.0, 7.5)
+    assert gpu.speed_of(script) == (2450.0, 8.31)
 
 
 @pytest.mark.slow
