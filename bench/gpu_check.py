@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -173,6 +174,36 @@ def speed_of(log):
     return (float(rate.group(1)) if rate else None), (float(peak.group(1)) if peak else None)
 
 
+def descendants(pid):
+    """Every process below pid (Linux's /proc). torchrun starts each worker in a session of its
+    own, so stopping the agent's process group would leave its workers running on the GPU."""
+    children = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone since the listing
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def stop(process):
+    """SIGKILL a launch's process with everything below it, each worker's group (its loader
+    workers) included."""
+    for pid in [process.pid, *descendants(process.pid)]:
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, 9)
+            except OSError:  # not a group leader, or gone already
+                pass
+    process.wait()
+
+
 def run(launch, logs):
     """Start the launch's commands together; stop them all when the budget is spent. Returns
     (result, seconds, output)."""
@@ -199,8 +230,7 @@ def run(launch, logs):
                 codes.append(None)
         for process, code in zip(processes, codes):
             if code is None:
-                os.killpg(process.pid, 9)
-                process.wait()
+                stop(process)
     seconds = time.perf_counter() - start
     output = log_path.read_text()
     if None in codes:
@@ -267,13 +297,17 @@ def main(argv=None):
     lines += ["| check | world | result | seconds (budget) | what it shows |", "| --- | --- | --- | --- | --- |"]
     results.write_text("\n".join(lines) + "\n")
     failed, speeds = 0, {}
-    for launch in plan:
-        result, seconds, output = run(launch, out / "logs")
-        failed += result != "ok" and not result.startswith("ok (")
-        speeds[launch.name] = speed_of(output)
-        with open(results, "a") as f:
-            f.write(f"| {launch.name} | {launch.world} | {result} | {seconds:.0f} ({launch.budget}) | {launch.shows} |\n")
-        print(f"gpu_check: {launch.name}: {result} in {seconds:.0f} s", flush=True)
+    try:
+        for launch in plan:
+            result, seconds, output = run(launch, out / "logs")
+            failed += result != "ok" and not result.startswith("ok (")
+            speeds[launch.name] = speed_of(output)
+            with open(results, "a") as f:
+                f.write(f"| {launch.name} | {launch.world} | {result} | {seconds:.0f} ({launch.budget}) | "
+                        f"{launch.shows} |\n")
+            print(f"gpu_check: {launch.name}: {result} in {seconds:.0f} s", flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # the runs' checkpoints and models: what they showed is in the table
     if args.part == "speed":
         ceiling = speeds["bare"][0]
         rows = ["", f"Samples/s and peak memory per process; the ceiling is the bare loop on one GPU times {gpus}.",

@@ -6,6 +6,8 @@ import re
 import shlex
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -106,6 +108,21 @@ def test_a_gpu_check_launch_past_its_budget_is_stopped_with_all_its_processes(tm
     sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
     result, seconds, _ = gpu.run(gpu.Launch("sleepy", [sleeper, list(sleeper)], 2, "-", "-"), tmp_path)
     assert result.startswith("OVER BUDGET: stopped at 2 s") and seconds < 10, (result, seconds)
+
+
+def test_a_gpu_check_launch_past_its_budget_stops_torchruns_workers_too(tmp_path):
+    # torchrun starts each worker in a session of its own: stopping the agent's group alone would
+    # leave the worker running (on a GPU, holding it while the next launch starts).
+    gpu = load_gpu_check()
+    marker = tmp_path / "sleeping_worker.py"
+    marker.write_text("import time\ntime.sleep(120)\n")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", str(marker)]
+    result, seconds, _ = gpu.run(gpu.Launch("sleeping_worker", [command], 20, "-", "-"), tmp_path)
+    assert result.startswith("OVER BUDGET"), result
+    time.sleep(1)  # a killed process leaves /proc as its parent reaps it
+    left = [cmdline for cmdline in Path("/proc").glob("[0-9]*/cmdline")
+            if str(marker) in cmdline.read_text(errors="replace")]
+    assert left == [], "worker still running after the launch was stopped"
 
 
 def test_gpu_check_compares_resumed_weights_relative_to_each_tensors_scale(tmp_path):
