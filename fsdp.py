@@ -15,12 +15,15 @@ To train something else, edit the section "your data and model" and nothing else
 Each process holds 1/world size of every parameter, of its gradient and of the optimizer's state
 (fully_shard, block by block), reads its own shard of every epoch, and before each block's forward
 and backward gathers that block's full parameters from all processes, freeing them after; backward
-reduce-scatters the gradients, so each process steps the optimizer on its own shard alone. Only
-rank 0 logs and writes single files (a warning comes from the process that meets its cause).
+reduce-scatters the gradients, so each process steps the optimizer on its own shard alone. The
+model's values are built on rank 0 alone, in its host memory: the others build only its shapes
+(the meta device) and receive their shards. Only rank 0 logs and writes single files (a warning
+comes from the process that meets its cause).
 
 --amp bf16 keeps the shards in float32 and gathers them in bf16 for compute, with gradients
 reduced in float32 (fp16 adds a GradScaler); --accum-steps K sums the gradients of K
-micro-batches before each optimizer step, reduce-scattering each micro-batch's.
+micro-batches before each optimizer step, reduce-scattering each micro-batch's;
+--activation-checkpointing keeps no activations inside a block for backward, which recomputes them.
 
 Every process scores a shard of the validation set with rank 0's BatchNorm statistics, and one
 all-reduce of sums gives the whole set's exact metrics. Every process writes its own shard of each
@@ -45,9 +48,11 @@ makes runs exact and safe (per-sample seeds, agreeing on a checkpoint, preemptio
 a part leaves a few mentions of it in comments and in RESUME_MAY_CHANGE: harmless.
 """
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import gc
+import importlib
 import json
 import math
 import os
@@ -65,14 +70,17 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils.checkpoint
 # FSDP's modules are imported here, before any process group exists: some of the modules they
 # import take the default group as a default argument, read once at import (see
 # setup_distributed).
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                     get_state_dict, set_state_dict)
+                                                     get_state_dict, set_model_state_dict,
+                                                     set_state_dict)
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+# fsdp.fully_shard, fsdp.MixedPrecisionPolicy: public since torch 2.6 (check_torch).
+from torch.distributed import fsdp
 from torch.utils.data import (DataLoader, Dataset, DistributedSampler, Sampler, Subset,
                               TensorDataset, default_collate)
 
@@ -99,7 +107,7 @@ AMP_DTYPES = {"none": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float
 RESUME_MAY_CHANGE = ("workers", "out_dir", "log_interval", "resume", "ckpt_steps",
                      "ckpt_epochs", "keep_last", "max_steps", "backend", "local_rank",
                      "timeout_min", "channels_last", "tf32", "cudnn_benchmark", "compile",
-                     "init_from")
+                     "init_from", "activation_checkpointing")
 # A checkpoint is a directory: one file of shards per process, torch.distributed.checkpoint's
 # .metadata, and train_state.pt (what is not sharded).
 CHECKPOINT_NAME = re.compile(r"^step_(\d+)$")
@@ -130,16 +138,16 @@ def train(args):
     train_loader, val_loader = build_loaders(args, train_set, val_set, device, rank, world_size)
     # Found before the model is built: a checkpoint wins over --init-from.
     checkpoint, checkpoint_path = agree_on_checkpoint(args, world_size)
+    # Every process builds the model on the meta device (its shapes: no memory, no values); rank 0
+    # alone builds its values, the job's one copy in host memory, which shard_model hands out.
+    model = build_on_meta(args, num_outputs)
     set_seed(args.seed)
-    model = build_model(args, num_outputs)
+    full_model = build_model(args, num_outputs) if rank == 0 else None
     # [optional: init-from]
     if args.init_from and checkpoint is None:
-        # Every process reads the weights (rank 0 first, to stop all on a bad file): fully_shard
-        # keeps each process's own slice of its own copy and broadcasts nothing.
-        rank0_first(rank, init_weights_from, args, model)
-    # The model stays on the CPU: fully_shard moves each unit to this process's device as it shards
-    # it, so the whole model is never on a GPU, only its shards. The weights keep their memory order
-    # (fully_shard takes contiguous parameters only); --channels-last reorders the inputs alone.
+        # Rank 0 reads the weights into its copy; shard_model hands them out as shards.
+        rank0_only(rank, init_weights_from, args, full_model)
+    # --channels-last reorders the inputs alone: fully_shard takes contiguous parameters only.
     log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
     # [optional: compile]
     if args.compile:
@@ -152,9 +160,8 @@ def train(args):
         # The global batch's statistics, all-reduced in every forward: they pay for small batches
         # per GPU. Its keys stay BatchNorm's (model.pt loads without it); a resume needs it again.
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    # Every process keeps its 1/world size slice of each parameter (its copy of the rest is freed),
-    # the same seed having given all the same weights.
-    units = shard_model(args, model, device, world_size)
+    units = shard_model(args, model, full_model, device, world_size)
+    del full_model  # its values are in every process's shards now: free rank 0's host copy
     # After sharding: the optimizer must hold the sharded parameters (DTensors) that fully_shard
     # put in the model's place; built before, it would step the freed full ones.
     optimizer = build_optimizer(args, model)
@@ -243,6 +250,7 @@ def train(args):
 
 def main(argv=None):
     try:
+        check_torch()
         check_task()
         args = parse_args(argv)
         check_args(args)
@@ -311,8 +319,10 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
                 scaler.unscale_(optimizer)
                 # The norm before clipping, for the progress line: a rising norm warns of trouble.
                 # Over the sharded gradients (DTensors) clip_grad_norm_ computes the global norm,
-                # the same on every process, from every shard's share: each clips by it.
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
+                # the same on every process, from every shard's share: each clips by it. foreach:
+                # one fused kernel for all gradients; left to itself, it takes DTensors one by one.
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm,
+                                                           foreach=True)
             # With fp16, step() skips the update when a gradient overflowed and update() adapts the
             # scale; without a scaler (none, bf16) they are a plain optimizer.step() and nothing.
             scaler.step(optimizer)
@@ -369,8 +379,7 @@ def evaluate(args, model, loader, device, preemption):
     """
     # Every process scores its shard with rank 0's buffers (BatchNorm's running statistics), those
     # of the model saved: FSDP shards parameters, not buffers, and each process has updated its own.
-    for buffer in model.buffers():
-        dist.broadcast(buffer, src=0)
+    broadcast_buffers(model)
     model.eval()
     totals = torch.zeros(len(EVAL_METRICS) + 2, dtype=torch.float64, device=device)
     batches = iter(loader)
@@ -713,15 +722,22 @@ def release_device_meshes():
     would run on until the interpreter's exit, where they can abort a finished run (as in
     setup_distributed). torch's own tests empty them before destroying groups (pytorch#172504);
     tests/test_teardown.py fails if a torch version keeps a mesh somewhere else."""
-    from torch.distributed.tensor import debug
-    from torch.distributed.tensor._collective_utils import MeshTopoInfo
-    from torch.distributed.tensor._redistribute import (_gen_transform_infos,
-                                                        clear_redistribute_planner_cache)
-
-    debug._clear_sharding_prop_cache()
-    clear_redistribute_planner_cache()
-    _gen_transform_infos.cache_clear()
-    MeshTopoInfo.build_from_mesh.cache_clear()
+    # Private names, which another torch may move: one it lacks is passed over, and a finished run
+    # stays finished (the abort at exit this prevents would show in tests/test_teardown.py).
+    for module, name in (("torch.distributed.tensor.debug", "_clear_sharding_prop_cache"),
+                         ("torch.distributed.tensor._redistribute",
+                          "clear_redistribute_planner_cache"),
+                         ("torch.distributed.tensor._redistribute",
+                          "_gen_transform_infos.cache_clear"),
+                         ("torch.distributed.tensor._collective_utils",
+                          "MeshTopoInfo.build_from_mesh.cache_clear")):
+        try:
+            clear = importlib.import_module(module)
+            for attribute in name.split("."):
+                clear = getattr(clear, attribute)
+        except (ImportError, AttributeError):
+            continue
+        clear()
 
 
 def cleanup_distributed():
@@ -792,20 +808,21 @@ def precision_policies(args):
     dtype = AMP_DTYPES[args.amp]
     # Parameters gathered in --amp's precision, for compute; gradients reduced in float32 (averaged
     # over processes in bf16, small ones round away); the model's output, the loss's input, float32.
-    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-    root_policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32,
-                                       output_dtype=torch.float32)
+    policy = fsdp.MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    root_policy = fsdp.MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32,
+                                            output_dtype=torch.float32)
     if dtype == torch.float32:
         return policy, root_policy, None
     # BatchNorm keeps its running statistics in float32 buffers, which FSDP does not cast, and with
     # bf16 weights beside them its CPU kernel stops ("expected scalar type BFloat16 but found
     # Float"): each is a unit of its own, in float32, giving its output back in --amp's precision.
-    return policy, root_policy, MixedPrecisionPolicy(param_dtype=torch.float32,
-                                                     reduce_dtype=torch.float32, output_dtype=dtype)
+    return policy, root_policy, fsdp.MixedPrecisionPolicy(
+        param_dtype=torch.float32, reduce_dtype=torch.float32, output_dtype=dtype)
 
 
-def shard_model(args, model, device, world_size):
-    """Shard the model over all processes with fully_shard: block by block, then the root.
+def shard_model(args, model, full_model, device, world_size):
+    """Shard the model (on the meta device) over all processes with fully_shard, block by block,
+    then the root; fill every process's shards with its slices of rank 0's full_model.
 
     A block is a module directly inside an nn.Sequential or nn.ModuleList, searched from the root
     down and not inside a block: the repeated units a model is built of (ResNet's residual blocks,
@@ -822,7 +839,7 @@ def shard_model(args, model, device, world_size):
         # BatchNorm in float32 units of its own (precision_policies says why).
         for module in model.modules():
             if isinstance(module, nn.modules.batchnorm._BatchNorm):
-                fully_shard(module, mesh=mesh, mp_policy=norm_policy)
+                fsdp.fully_shard(module, mesh=mesh, mp_policy=norm_policy)
                 units.append(module)
     # A parameter that two modules share (tied weights) must be in one unit: a block holding one
     # is left to the root.
@@ -840,10 +857,69 @@ def shard_model(args, model, device, world_size):
                 yield child
 
     for block in list(find_blocks(model)):
-        fully_shard(block, mesh=mesh, mp_policy=policy)
+        if args.activation_checkpointing:
+            recompute_in_backward(block)
+        fsdp.fully_shard(block, mesh=mesh, mp_policy=policy)
         units.append(block)
-    fully_shard(model, mesh=mesh, mp_policy=root_policy)
+    fsdp.fully_shard(model, mesh=mesh, mp_policy=root_policy)
+    # Memory for the shards on this process's device, then their values: rank 0 broadcasts each
+    # tensor of its full model in turn and every process keeps its own slice.
+    model.to_empty(device=device)
+    set_model_state_dict(model, full_model.state_dict() if full_model is not None else {},
+                         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    # Buffers are not sharded; a state dict leaves out those not saved (non-persistent: a
+    # transformer's causal mask, say), which the broadcast must give too.
+    if full_model is not None:
+        full_buffers = dict(full_model.named_buffers())
+        for name, buffer in model.named_buffers():
+            buffer.copy_(full_buffers[name])
+    broadcast_buffers(model)
     return len(units) + 1
+
+
+def broadcast_buffers(model):
+    """Give every process rank 0's buffers (BatchNorm's running statistics): FSDP shards parameters,
+    not buffers, and each process updates its own. One broadcast per dtype, of all of them laid end
+    to end, not one per buffer (resnet50 has 159)."""
+    by_dtype = {}
+    for buffer in model.buffers():
+        by_dtype.setdefault(buffer.dtype, []).append(buffer)
+    for buffers in by_dtype.values():
+        flat = torch.cat([buffer.reshape(-1) for buffer in buffers])
+        dist.broadcast(flat, src=0)
+        for buffer, values in zip(buffers, flat.split([buffer.numel() for buffer in buffers])):
+            buffer.copy_(values.view_as(buffer))
+
+
+def recompute_in_backward(block):
+    """--activation-checkpointing: the block keeps only its inputs for backward, not the activations
+    inside it, and runs its forward again in its backward to remake them (activation
+    checkpointing): less memory, at the cost of one more forward per block.
+
+    The second run starts from the first's random state, so dropout drops the same; BatchNorm's
+    running statistics, which any training-mode forward updates, get their values from before it
+    back, or each batch would count twice in them (pytorch#96136). Set on the instance: the state
+    dict's keys stay the model's own."""
+    forward = block.forward
+
+    def forward_and_forget(*args, **kwargs):
+        return torch.utils.checkpoint.checkpoint(
+            forward, *args, use_reentrant=False,
+            context_fn=lambda: (contextlib.nullcontext(), buffers_kept(block)), **kwargs)
+
+    block.forward = forward_and_forget
+
+
+@contextlib.contextmanager
+def buffers_kept(module):
+    """The module's buffers, whatever runs inside, as they were before it."""
+    kept = [buffer.clone() for buffer in module.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buffer, value in zip(module.buffers(), kept):
+                buffer.copy_(value)
 
 
 def shard_sizes(model):
@@ -1089,8 +1165,7 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
     # Buffers (BatchNorm's running statistics) are not sharded, and each process has updated its
     # own: dcp.save keeps one copy, from whichever process its plan picks. Rank 0's, those of the
     # model validated and saved, go to every process first, so the copy kept is rank 0's.
-    for buffer in model.buffers():
-        dist.broadcast(buffer, src=0)
+    broadcast_buffers(model)
     model_state, optimizer_state = get_state_dict(model, optimizer)
     try:
         dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp)
@@ -1505,8 +1580,11 @@ def check_model_fits(args, num_outputs, train_set, val_set):
             sample, _ = SeededSamples(dataset, args.seed)[(0, 0)]
         except OSError as err:
             raise ConfigError(f"the data cannot be read: {err}") from None
-    with torch.device("meta"):
-        model = build_model(args, num_outputs).eval()
+    try:
+        with torch.device("meta"):
+            model = build_model(args, num_outputs).eval()
+    except (RuntimeError, NotImplementedError):
+        return  # a model that reads values as it is built: no verdict, the first step will tell
     try:
         evaluate_batch(model, to_device(default_collate([sample]), "meta", False))
     except NotImplementedError:
@@ -1514,6 +1592,19 @@ def check_model_fits(args, num_outputs, train_set, val_set):
     except (RuntimeError, ValueError, AssertionError, TypeError, IndexError) as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError(f"the model does not fit the data: {reason}") from None
+
+
+def build_on_meta(args, num_outputs):
+    """The model on the meta device: its shapes, without memory or values. A model whose
+    construction reads values (.item(), a condition on a tensor) cannot be built there: one line."""
+    try:
+        with torch.device("meta"):
+            return build_model(args, num_outputs)
+    except (RuntimeError, NotImplementedError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"the model cannot be built on the meta device, where every process "
+                          f"builds its shapes: {reason}; compute what its __init__ needs from its "
+                          f"arguments, not from tensor values") from None
 
 
 # [optional: init-from]
@@ -1603,6 +1694,13 @@ TASK_HOOKS = {
 }
 
 
+def check_torch():
+    """fully_shard became public in torch.distributed.fsdp in torch 2.6: older, one line says so."""
+    if not hasattr(fsdp, "fully_shard"):
+        raise ConfigError(f"needs torch 2.6 or later (fully_shard in torch.distributed.fsdp); this "
+                          f"is torch {torch.__version__}: pip install -U torch torchvision")
+
+
 def check_task():
     """Before any work: a hook the section lacks gets its default, or stops the script in one line
     that names it (a copy of the section made before the hook existed has no such name)."""
@@ -1673,6 +1771,9 @@ def parse_args(argv=None):
                         help="micro-batches whose gradients are summed before each optimizer step")
     parser.add_argument("--clip-grad-norm", type=float, default=0.0,
                         help="clip the global gradient norm to this value; 0 turns clipping off")
+    parser.add_argument("--activation-checkpointing", action="store_true",
+                        help="keep no activations inside a block for backward: recompute them "
+                             "there, one more forward per block for less memory (default: off)")
     parser.add_argument("--resume", default="auto",
                         help="auto: the newest readable checkpoint in <out-dir>/checkpoints, if "
                              "any; none: start afresh; or the path of a checkpoint")

@@ -8,7 +8,10 @@ the bytes of this process's parameters, gradients and optimizer state. Gradients
 every backward, the most held: p.grad, and for FSDP
 with --skip-reduce also the unsharded gradients it accumulates between micro-batches (FSDP's own
 attributes, not visible in p.grad). DDP's gradient buckets (one more gradient-sized buffer, unless
---gradient-as-bucket-view) are not counted. Prints one line: BENCH {json}.
+--gradient-as-bucket-view) are not counted. Activations: the bytes a forward leaves saved for its
+backward (autograd's saved tensors, each storage once, parameters left out); with fsdp.py's
+--activation-checkpointing, what the blocks keep (their inputs) and what lies outside them.
+Prints one line: BENCH {json}.
 """
 import argparse
 import importlib.util
@@ -47,6 +50,21 @@ def accumulated_unsharded(model):
     return held
 
 
+def counting_saved_tensors(counted):
+    """Count into counted[0] the bytes of each storage saved for backward, once, parameters left out."""
+    seen = set()
+
+    def pack(tensor):
+        if not isinstance(tensor, torch.nn.Parameter):
+            storage = tensor.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                counted[0] += storage.nbytes()
+        return tensor
+
+    return torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--script", choices=["ddp_full.py", "fsdp.py"], required=True)
@@ -58,30 +76,41 @@ def main():
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--skip-reduce", action="store_true",
                         help="fsdp: set_requires_gradient_sync(False) on all but the last micro-batch")
+    parser.add_argument("--activation-checkpointing", action="store_true",
+                        help="fsdp: recompute each block's forward in its backward")
     bench = parser.parse_args()
     spec = importlib.util.spec_from_file_location("script", ROOT / bench.script)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     args = script.parse_args(["--model", bench.model, "--optimizer", "adamw", "--image-size", str(bench.image_size),
-                              "--batch-size", str(bench.batch_size), "--accum-steps", str(bench.accum_steps)])
+                              "--batch-size", str(bench.batch_size), "--accum-steps", str(bench.accum_steps),
+                              *(["--activation-checkpointing"] if bench.activation_checkpointing else [])])
     rank, local_rank, world_size, device = script.setup_distributed(args)
     torch.manual_seed(0)
-    model = script.build_model(args, 10).to(device)
     if bench.script == "fsdp.py":
-        script.shard_model(args, model, device, world_size)
+        # As fsdp.py builds it: the shapes on the meta device everywhere, the values on rank 0.
+        with torch.device("meta"):
+            model = script.build_model(args, 10)
+        full_model = script.build_model(args, 10) if rank == 0 else None
+        script.shard_model(args, model, full_model, device, world_size)
+        del full_model
     else:
+        model = script.build_model(args, 10).to(device)
         model = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = script.build_optimizer(args, model)
     batch = (torch.randn(bench.batch_size, 3, bench.image_size, bench.image_size, device=device),
              torch.randint(10, (bench.batch_size,), device=device))
-    times, grads = [], 0
+    times, grads, activations = [], 0, 0
     for step in range(bench.warmup + bench.steps):
         start = time.perf_counter()
         for micro in range(bench.accum_steps):
             last = micro == bench.accum_steps - 1
             if bench.skip_reduce:
                 model.set_requires_gradient_sync(last)
-            loss, _ = script.batch_loss(model, batch)
+            counted = [0]
+            with counting_saved_tensors(counted):
+                loss, _ = script.batch_loss(model, batch)
+            activations = max(activations, counted[0])
             (loss / bench.accum_steps).backward()
             held = [p.grad for p in model.parameters()]
             if bench.script == "fsdp.py":
@@ -95,7 +124,9 @@ def main():
     record = {"script": bench.script, "model": bench.model, "world_size": world_size, "rank": rank,
               "accum_steps": bench.accum_steps, "skip_reduce": bench.skip_reduce,
               "params_mb": nbytes(model.parameters()) / 1e6, "grads_mb": grads / 1e6,
-              "optimizer_mb": nbytes(state) / 1e6, "seconds_per_step": statistics.median(times)}
+              "optimizer_mb": nbytes(state) / 1e6, "activations_mb": activations / 1e6,
+              "activation_checkpointing": bench.activation_checkpointing,
+              "seconds_per_step": statistics.median(times)}
     records = [None] * world_size
     dist.all_gather_object(records, record)
     if rank == 0:

@@ -9,7 +9,9 @@ Each process records, for the number of processes W it runs in and its rank R:
 - DIR/shards_w<W>_r<R>.json: at each checkpoint, the elements of its parameter shards and of its
   optimizer state shards, per parameter name, and each parameter's whole size;
 - DIR/restored_w<W>.pt (rank 0): after a resume, the full model and optimizer state as restored,
-  gathered from every process's shards.
+  gathered from every process's shards;
+- DIR/built_w<W>_r<R>.txt: one line per model build_model made, the device its parameters are on
+  (meta: shapes only), and "init_weights_from" where that process read --init-from.
 Nothing of the script is changed but these records; the script's own code does the work.
 """
 import importlib.util
@@ -45,6 +47,26 @@ def recording_iter(self):
 
 
 fsdp.ResumableDistributedSampler.__iter__ = recording_iter
+build_model, init_weights_from = fsdp.build_model, fsdp.init_weights_from
+
+
+def record_built(line):
+    with open(probe_dir / f"built_{where()}.txt", "a") as f:
+        f.write(line + "\n")
+
+
+def recording_build(args, num_outputs):
+    model = build_model(args, num_outputs)
+    record_built(next(model.parameters()).device.type)
+    return model
+
+
+def recording_init(args, model):
+    record_built("init_weights_from")
+    return init_weights_from(args, model)
+
+
+fsdp.build_model, fsdp.init_weights_from = recording_build, recording_init
 save_checkpoint = fsdp.save_checkpoint
 
 

@@ -166,3 +166,18 @@ def test_benchmark_fsdp_section_measures_half_the_memory_per_process_at_two_proc
         assert abs(float(fsdp[column]) - float(ddp[column]) / 2) <= 0.01 * float(ddp[column])
     assert float(fsdp[5]) < float(skip[5]) == float(ddp[5])
     assert float(fsdp[8]) > 0 and float(ddp[8]) > 0  # seconds per step: measured, whatever they are
+
+
+@pytest.mark.slow
+def test_fsdp_big_models_benchmark_writes_its_tables_and_checkpointing_keeps_fewer_activations(tmp_path):
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "fsdp_big_models.py"), "--quick", "--out",
+                             str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    host = [line.split("|") for line in (tmp_path / "host.md").read_text().splitlines()
+            if line.startswith("| resnet18 | 2 |")]
+    assert [row[3].strip() for row in host] == ["before", "now"]
+    assert all(float(cell) > 0 for row in host for cell in row[4:8:2]), host  # peaks: measured, whatever they are
+    rows = {line.split("|")[1].strip(): line.split("|") for line in (tmp_path / "activations.md").read_text().splitlines()
+            if line.startswith(("| on |", "| off |"))}
+    # Bytes saved for backward, counted, not timed: a block that recomputes keeps its input alone.
+    assert 0 < float(rows["on"][2]) < float(rows["off"][2]), rows

@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import time
 from collections import Counter
 from pathlib import Path
@@ -30,7 +31,7 @@ from test_amp import AMP_FINAL_LOSS_ATOL, LEARNING, MIN_LOSS_DROP
 from test_bad_input import assert_one_clear_error, call_main
 from test_cluster import RESTART_ENV, children, documented_restart_command, free_port, output, start
 from test_equivalence import GLOBAL_BATCH, assert_same_training
-from test_resume import assert_bitwise_equal
+from test_resume import TIMING_KEYS, assert_bitwise_equal
 from test_validation import BATCHNORM, VAL_LOSS_RTOL, assert_matches_reference, load_script
 
 # 2 micro-batches per optimizer step: the global batch of 16 is 2 processes x 4 x 2, or 4 x 2 x 2.
@@ -337,3 +338,134 @@ def test_fsdp_nodes_that_write_to_different_disks_stop_at_the_first_checkpoint_w
     assert len(errors) == 1, log[-3000:]
     assert "every node must write to the same --out-dir" in errors[0], errors[0]
     assert not list((tmp_path / "disk0" / "checkpoints").glob("step_*")), "a checkpoint without all its shards"
+
+
+# --- models too big for one process: one host copy, activation checkpointing, empty shards ------
+
+@pytest.mark.slow
+def test_fsdp_builds_the_models_values_on_rank_0_alone_and_the_others_only_its_shapes(runs, tmp_path):
+    # A copy of the whole model per process would not fit a node's host memory with a large model:
+    # rank 0 builds it (and reads --init-from), the others build it on the meta device, and the
+    # shards are filled from rank 0's. The values arrive whole: the first validation scores the
+    # weights as single_gpu.py scored them, the same count and the loss up to summation order.
+    single = runs.get("single16", "single_gpu.py", ["--batch-size", str(GLOBAL_BATCH)])
+    probe_dir = tmp_path / "probe"
+    check(probe(tmp_path / "run", ["--batch-size", "8", "--max-steps", "1", "--init-from",
+                                   str(single / "model.pt")], 2, probe_dir))
+    built = {r: (probe_dir / f"built_w2_r{r}.txt").read_text().split() for r in (0, 1)}
+    assert [line for line in built[0] if line != "meta"] == ["cpu", "init_weights_from"], built
+    assert set(built[1]) == {"meta"}, built
+    start, last_single = metrics(tmp_path / "run")[0], metrics(single)[-1]
+    assert start["epoch"] == 0 and start["val_acc"] == last_single["val_acc"], (start, last_single)
+    assert start["val_loss"] == pytest.approx(last_single["val_loss"], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_fsdp_starts_from_resnet18_weights_and_first_scores_them_with_their_batchnorm_statistics(runs, tmp_path):
+    # BatchNorm's running statistics are buffers, which reach the other processes by a broadcast of
+    # their own: the first validation on 2 processes scores model.pt (of a run on 3) as the plain
+    # model scores it.
+    import torchvision
+
+    saved = runs.get("fsdp_bn_w3", "fsdp.py", BATCHNORM, nproc=3, tiny=False)
+    out_dir = tmp_path / "run"
+    check(launch("fsdp.py", [*BATCHNORM, "--init-from", str(saved / "model.pt"), "--max-steps", "1",
+                             "--out-dir", str(out_dir)], nproc=2))
+    images, labels = load_script("fsdp.py").make_synthetic(23, 0, "val").tensors
+    model = torchvision.models.resnet18(num_classes=10)
+    model.load_state_dict(weights(saved))
+    model.eval()
+    with torch.no_grad():
+        logits = model(images).double()
+    start = metrics(out_dir)[0]
+    assert start["epoch"] == 0 and start["val_samples"] == 23
+    assert round(start["val_acc"] * 23) == (logits.argmax(dim=1) == labels).sum().item(), start
+    loss = F.cross_entropy(logits, labels, reduction="sum").item() / 23
+    assert start["val_loss"] == pytest.approx(loss, rel=VAL_LOSS_RTOL), start
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model, extra", [("resnet18", []), ("resnet18", ["--amp", "bf16"]),
+                                          ("efficientnet_b0", [])],
+                         ids=["resnet18", "resnet18-bf16", "efficientnet_b0"])
+def test_fsdp_activation_checkpointing_trains_bitwise_the_same_model(runs, model, extra):
+    # Recomputing a block's forward in its backward repeats the same arithmetic on this machine:
+    # the same weights, bit for bit. BatchNorm's running statistics included, which a second
+    # forward would update twice (resnet18; under bf16, BatchNorm's own units nested in each
+    # block), and efficientnet_b0's stochastic depth, random in every block, which must drop the
+    # same rows twice.
+    args = [*BATCHNORM, "--model", model, *extra]
+    name = f"fsdp_{model}_{'_'.join(extra) or 'fp32'}_w2"
+    plain = runs.get(name, "fsdp.py", args, nproc=2, tiny=False)
+    checkpointed = runs.get(f"{name}_ac", "fsdp.py", [*args, "--activation-checkpointing"], nproc=2, tiny=False)
+    expected, got = weights(plain), weights(checkpointed)
+    assert expected.keys() == got.keys()
+    assert [key for key in expected if not torch.equal(expected[key], got[key])] == []
+    untimed = [[{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in metrics(d)]
+               for d in (plain, checkpointed)]
+    assert untimed[0] == untimed[1]
+
+
+def test_fsdp_on_a_torch_without_public_fully_shard_is_one_clear_line(monkeypatch, capsys):
+    # torch 2.4 and 2.5 have no fully_shard in torch.distributed.fsdp (measured with torch 2.4.1:
+    # an ImportError traceback from every process before this line existed). A stand-in: this
+    # torch with the two names taken away while the script is imported.
+    import torch.distributed.fsdp
+
+    monkeypatch.delattr(torch.distributed.fsdp, "fully_shard")
+    monkeypatch.delattr(torch.distributed.fsdp, "MixedPrecisionPolicy")
+    result = call_main("fsdp.py", [*TINY], capsys)
+    assert_one_clear_error(result, "fsdp.py", f"needs torch 2.6 or later (fully_shard in torch.distributed.fsdp); "
+                                              f"this is torch {torch.__version__}")
+
+
+def test_fsdp_teardown_passes_over_private_names_a_torch_lacks(monkeypatch):
+    # The caches emptied at the end are DTensor's private ones; a torch that renamed one must not
+    # turn a finished run into a traceback, and the caches it does have are still emptied.
+    import torch.distributed.tensor._redistribute as redistribute
+    from torch.distributed.tensor import debug
+
+    emptied = []
+    monkeypatch.delattr(debug, "_clear_sharding_prop_cache")
+    monkeypatch.setattr(redistribute, "clear_redistribute_planner_cache", lambda: emptied.append("planner"))
+    load_script("fsdp.py").release_device_meshes()
+    assert emptied == ["planner"]
+
+
+@pytest.mark.slow
+def test_fsdp_with_empty_shards_on_some_processes_trains_checkpoints_and_resumes_on_fewer(tmp_path):
+    # The CNN's classifier has 10 rows: in chunks of 2 over 6 processes, rank 5's shard of it is
+    # empty (and so is its AdamW state). Stopped after 2 steps on 6 processes, finished on 2.
+    args = ["--batch-size", "8", "--optimizer", "adamw", "--log-interval", "1"]
+    probe_dir, out_dir = tmp_path / "probe", tmp_path / "run"
+    check(probe(out_dir, [*args, "--max-steps", "2", *QUICK_TIMEOUT], 6, probe_dir))
+    last = json.loads((probe_dir / "shards_w6_r5.json").read_text())
+    assert last["params"]["classifier.weight"] == 0 and last["optimizer"]["classifier.weight"] == 0, last
+    saved = read_dcp(out_dir / "checkpoints" / "step_000000002", tmp_path)
+    finished = check(probe(out_dir, args, 2, probe_dir))
+    assert "step_000000002: epoch 1, step 2" in finished.stdout
+    restored = torch.load(probe_dir / "restored_w2.pt", weights_only=False)
+    assert_states_equal(restored["model"], saved["model"])
+    assert_states_equal(restored["optimizer"]["state"], saved["optimizer"]["state"])
+    model = load_script("fsdp.py").SmallCNN(10)
+    model.load_state_dict(weights(out_dir))  # model.pt: whole, every key
+
+
+def test_fsdp_a_model_that_reads_values_as_it_is_built_is_one_clear_line(tmp_path, capsys):
+    # Every process builds the model on the meta device, where a tensor has no value to read.
+    module = load_script("fsdp.py")
+
+    class ReadsValues(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = torch.ones(1).item()
+            self.linear = torch.nn.Linear(3 * 32 * 32, 10)
+
+        def forward(self, images):
+            return self.linear(images.flatten(1)) * self.scale
+
+    module.build_model = lambda args, num_outputs: ReadsValues()
+    status = module.main([*TINY, "--out-dir", str(tmp_path)])
+    result = subprocess.CompletedProcess(["fsdp.py"], status, *capsys.readouterr())
+    assert_one_clear_error(result, "fsdp.py", "the model cannot be built on the meta device, where every process "
+                                              "builds its shapes: Tensor.item() cannot be called on meta tensors")

@@ -272,6 +272,15 @@ MANIFEST = {
              "gradients averaged over all processes, as DDP's all-reduce averages them (an "
              "all-reduce is a reduce-scatter followed by an all-gather). The optimizer is built on "
              "the slices, after sharding; at the end DTensor's caches must let go of the mesh."),
+            ("hostcopy", "One copy of the model in host memory",
+             "Every process builds the model on the meta device: shapes, no memory, no values. Rank 0 "
+             "alone builds it with values, in its CPU memory, from the seed ddp_full.py uses (and "
+             "reads --init-from into it): a copy per process would not fit a node's memory with a "
+             "large model. shard_model gives each slice memory on its process's device (to_empty) and "
+             "fills it: set_model_state_dict(..., broadcast_from_rank0=True) broadcasts rank 0's "
+             "tensors one at a time, each process keeping its slice, and one broadcast per dtype "
+             "hands out the buffers, which FSDP does not shard (again before each validation and "
+             "checkpoint: each process updates its own)."),
             ("precision", "Mixed precision: FSDP's policy",
              "MixedPrecisionPolicy instead of autocast: the slices stay float32, the gathered "
              "parameters are bf16 (or fp16) for compute, gradients are reduced in float32, and the "
@@ -287,10 +296,18 @@ MANIFEST = {
              "model's gradients between micro-batches (skipping them with set_requires_gradient_sync(False), "
              "FSDP2's counterpart of no_sync, held 44.7 MB (10^6 bytes) on a 10-class resnet18 "
              "against 22.4, measured at 2 processes)."),
+            ("recompute", "Activation checkpointing: recompute instead of keep",
+             "--activation-checkpointing: a block keeps only its inputs for backward and runs its "
+             "forward again in its backward to remake the activations inside it "
+             "(torch.utils.checkpoint), from the first run's random state, so dropout drops the same. "
+             "The second forward would update BatchNorm's running statistics again: they get their "
+             "values from before it back. Less memory for one more forward per block; the same "
+             "weights, bit for bit on CPU."),
             ("clip", "Clipping by the global norm",
              "clip_grad_norm_ over the sharded (DTensor) gradients computes the norm of all slices "
              "together, the same on every process, and returns it as a DTensor: full_tensor() gives "
-             "its value for the progress line."),
+             "its value for the progress line. foreach=True: left to choose, it takes DTensor "
+             "gradients one by one."),
             ("validation", "The same number of forwards on every process",
              "evaluate already goes round as often as the longest shard has batches (for the "
              "preemption check of step 5). Every forward now all-gathers from all processes, so a "
@@ -313,19 +330,28 @@ MANIFEST = {
              "its GPU): plain keys, loading into the model without FSDP."),
             FLAGS,
         ],
-        "ahead": {"precision_policies": "precision"},
+        "ahead": {"precision_policies": "precision", "broadcast_buffers": "hostcopy",
+                  "recompute_in_backward": "recompute", "full_model": "hostcopy"},
         "regions": {
             "docstring": "top",
-            "imports": [("import shutil", "checkpoint"), ("checkpoint", "checkpoint"), ("contextlib", "accum"),
+            "imports": [("import shutil", "checkpoint"), ("torch.utils.checkpoint", "recompute"),
+                        ("checkpoint", "checkpoint"),
                         ("itertools", "reshard"), ("", "shard")],
             "RESUME_MAY_CHANGE": "shard",
             "CHECKPOINT_NAME": "checkpoint",
-            "parse_args": [("gather the parameters", "precision"), ("", "shard")],
+            "parse_args": [("gather the parameters", "precision"), ("keep no activations", "recompute"),
+                           ("", "shard")],
             "POSITIVE": "shard",
             "check_args": "checkpoint",
             "ResumableDistributedSampler": "reshard",
             "precision_policies": "precision",
             "shard_model": "shard",
+            "broadcast_buffers": "hostcopy",
+            "build_on_meta": "hostcopy",
+            "recompute_in_backward": "recompute",
+            "buffers_kept": "recompute",
+            "check_torch": "shard",
+            "main": "shard",
             "shard_sizes": "shard",
             "release_device_meshes": "shard",
             "cleanup_distributed": "shard",
@@ -345,13 +371,15 @@ MANIFEST = {
             "start_or_resume": "reshard",
             "train": [("get_model_state_dict", "modelpt"), ("rank0_only(rank, atomic_save, full", "modelpt"),
                       ("evaluate", "validation"), ("epoch_position", "reshard"),
-                      ("start_or_resume", "reshard"), ("", "shard")],
+                      ("start_or_resume", "reshard"), ("units = shard_model", "shard"),
+                      ("build_on_meta", "hostcopy"), ("full_model", "hostcopy"), ("", "shard")],
         },
         "removed": {"autocast": "precision"},
-        "flags_added": set(),
+        "flags_added": {"--activation-checkpointing"},
         "flags_removed": {"--bucket-cap-mb": "FSDP gathers and reduce-scatters per unit: no DDP buckets",
                           "--gradient-as-bucket-view": "no DDP buckets to view"},
-        "mechanisms": {"shard_model", "precision_policies", "spare_batch", "check_shards"},
-        "diff_size": (364, 128),
+        "mechanisms": {"shard_model", "precision_policies", "spare_batch", "check_shards",
+                       "broadcast_buffers", "recompute_in_backward", "buffers_kept"},
+        "diff_size": (465, 131),
     },
 }

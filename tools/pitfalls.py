@@ -563,12 +563,13 @@ PITFALLS = [
         "fix": [("fsdp.py", "    optimizer = build_optimizer(args, model)")],
         "guards": ["tests/test_fsdp.py::test_fsdp_on_2_processes_with_accumulation_trains_what_one_process_trains"],
         "mutation": ("fsdp.py",
-                     "    units = shard_model(args, model, device, world_size)\n"
+                     "    units = shard_model(args, model, full_model, device, world_size)\n"
+                     "    del full_model  # its values are in every process's shards now: free rank 0's host copy\n"
                      "    # After sharding: the optimizer must hold the sharded parameters (DTensors) that fully_shard\n"
                      "    # put in the model's place; built before, it would step the freed full ones.\n"
                      "    optimizer = build_optimizer(args, model)\n",
                      "    optimizer = build_optimizer(args, model)\n"
-                     "    units = shard_model(args, model, device, world_size)\n"),
+                     "    units = shard_model(args, model, full_model, device, world_size)\n"),
     },
     {
         "title": "FSDP: a sharded state dict saved with torch.save by rank 0",
@@ -591,9 +592,10 @@ PITFALLS = [
                    "clipped global gradient, and differs from DDP's",
         "correct": "`clip_grad_norm_(model.parameters(), ...)` over the sharded (DTensor) gradients: the global "
                    "norm, the same on every process",
-        "fix": [("fsdp.py", "grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)")],
+        "fix": [("fsdp.py", "grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm,")],
         "guards": ["tests/test_fsdp.py::test_fsdp_clips_by_the_global_norm_as_ddp_full_does"],
-        "mutation": ("fsdp.py", "grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)",
+        "mutation": ("fsdp.py", "grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm,\n"
+                                "                                                           foreach=True)",
                      "local = torch.nn.utils.get_total_norm([p.grad.to_local() for p in model.parameters()])\n"
                      "                for p in model.parameters():\n"
                      "                    p.grad.to_local().mul_(torch.clamp(args.clip_grad_norm / (local + 1e-6), "
@@ -610,6 +612,54 @@ PITFALLS = [
         "fix": [("fsdp.py", "    if norm_policy is not None:")],
         "guards": ["tests/test_fsdp.py::test_fsdp_low_precision_trains_resnet18_with_its_batchnorm"],
         "mutation": ("fsdp.py", "    if norm_policy is not None:", "    if False:"),
+    },
+    {
+        "title": "FSDP: every process builds the whole model",
+        "mistake": "`build_model` in every process, then `fully_shard` (each keeps its slice of its own copy)",
+        "symptom": "before the first shard exists a node holds one whole model per process in host memory: "
+                   "8 processes x 28 GB for 7 B parameters in float32, where one copy would do",
+        "correct": "every process builds the model on the meta device and shards that; rank 0 alone builds the "
+                   "values (and reads `--init-from`), and `set_model_state_dict(..., broadcast_from_rank0=True)` "
+                   "fills every process's shards from them",
+        "fix": [("fsdp.py", "    full_model = build_model(args, num_outputs) if rank == 0 else None")],
+        "guards": ["tests/test_fsdp.py::test_fsdp_builds_the_models_values_on_rank_0_alone_and_the_others_only_its_shapes"],
+        "mutation": ("fsdp.py", "    full_model = build_model(args, num_outputs) if rank == 0 else None\n",
+                     "    full_model = build_model(args, num_outputs)\n"),
+    },
+    {
+        "title": "FSDP on the meta device: buffers that state dicts leave out",
+        "mistake": "filling a model built on the meta device from rank 0's state dict alone",
+        "symptom": "non-persistent buffers (a transformer's causal mask, rotary tables) are not in a state dict: "
+                   "after `to_empty` they hold whatever the memory held, and the model computes garbage",
+        "correct": "after the state dict, rank 0 copies its full model's buffers into the sharded one and one "
+                   "broadcast per dtype gives every process all of them",
+        "fix": [("fsdp.py", "        full_buffers = dict(full_model.named_buffers())")],
+        "guards": ["tests/test_seam.py::test_fsdp_copy_trains_what_one_process_trains_and_validates_exactly"],
+        "mutation": ("fsdp.py", "    if full_model is not None:\n", "    if False:\n"),
+    },
+    {
+        "title": "Activation checkpointing counts each batch twice in BatchNorm's statistics",
+        "mistake": "`torch.utils.checkpoint` around a block with BatchNorm, and nothing else",
+        "symptom": "the recomputation in backward is a second training-mode forward: it updates the running "
+                   "mean and variance again (pytorch#96136); the weights are right, the model validated and "
+                   "saved is not the one trained without checkpointing",
+        "correct": "the recomputation runs in a context (`context_fn`) that gives the block's buffers their "
+                   "values from before it back",
+        "fix": [("fsdp.py", "context_fn=lambda: (contextlib.nullcontext(), buffers_kept(block))")],
+        "guards": ["tests/test_fsdp.py::test_fsdp_activation_checkpointing_trains_bitwise_the_same_model[resnet18]"],
+        "mutation": ("fsdp.py", "buffers_kept(block))", "contextlib.nullcontext())"),
+    },
+    {
+        "title": "Activation checkpointing without the first run's random state",
+        "mistake": "recomputing a block's forward with `preserve_rng_state=False`, to save the state's copy",
+        "symptom": "dropout and stochastic depth drop other elements in the recomputation than in the forward: "
+                   "the gradients are of another network than the loss",
+        "correct": "leave `preserve_rng_state` on (the default): the recomputation starts from the random state "
+                   "the forward started from",
+        "fix": [("fsdp.py", "            forward, *args, use_reentrant=False,")],
+        "guards": ["tests/test_fsdp.py::test_fsdp_activation_checkpointing_trains_bitwise_the_same_model[efficientnet_b0]"],
+        "mutation": ("fsdp.py", "            forward, *args, use_reentrant=False,",
+                     "            forward, *args, use_reentrant=False, preserve_rng_state=False,"),
     },
     {
         "title": "FSDP: the data position counted in this run's processes",
@@ -658,7 +708,7 @@ PITFALLS = [
         "correct": "broadcast rank 0's buffers (the statistics validated and saved) before the sharded save",
         "fix": [("fsdp.py", "    # own: dcp.save keeps one copy, from whichever process its plan picks. Rank 0's, those of the")],
         "guards": ["tests/test_fsdp.py::test_fsdp_resume_of_resnet18_is_bitwise_its_batchnorm_statistics_rank_0s"],
-        "mutation": ("fsdp.py", "    for buffer in model.buffers():\n        dist.broadcast(buffer, src=0)\n"
+        "mutation": ("fsdp.py", "    broadcast_buffers(model)\n"
                                 "    model_state, optimizer_state = get_state_dict(model, optimizer)\n",
                      "    model_state, optimizer_state = get_state_dict(model, optimizer)\n"),
     },
