@@ -211,24 +211,28 @@ def test_a_model_that_does_not_fit_the_images_is_one_clear_error(tmp_path, capsy
     assert "epoch" not in result.stdout
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_the_model_check_gives_no_verdict_on_a_model_that_reads_values_as_it_is_built(script):
-    # The check builds the model on the meta device, where a tensor has no value to read: such a
-    # model is not bad input (the DDP scripts train it; fsdp.py's own line is in test_fsdp.py).
+def reads_values_as_it_is_built(args, num_outputs):
+    """A build_model whose model reads a tensor's value in __init__: on the meta device it cannot."""
     import torch
-
-    module = load_script(script)
 
     class ReadsValues(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.scale = torch.ones(1).item()
-            self.linear = torch.nn.Linear(3 * 32 * 32, 10)
+            self.linear = torch.nn.Linear(3 * 32 * 32, num_outputs)
 
         def forward(self, images):
             return self.linear(images.flatten(1)) * self.scale
 
-    module.build_model = lambda args, num_outputs: ReadsValues()
+    return ReadsValues()
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_the_model_check_gives_no_verdict_on_a_model_that_reads_values_as_it_is_built(script):
+    # The check builds the model on the meta device, where a tensor has no value to read: such a
+    # model is not bad input (the DDP scripts train it; fsdp.py's own line is in test_fsdp.py).
+    module = load_script(script)
+    module.build_model = reads_values_as_it_is_built
     args = module.parse_args(TINY)
     train_set, val_set, num_outputs = module.build_datasets(args)
     assert module.check_model_fits(args, num_outputs, train_set, val_set) is None

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from conftest import IMAGEFOLDER, TINY, TRAIN_SAMPLES, check, command, launch, metrics, weights
 from test_amp import AMP_FINAL_LOSS_ATOL, LEARNING, MIN_LOSS_DROP
-from test_bad_input import assert_one_clear_error, call_main
+from test_bad_input import assert_one_clear_error, call_main, reads_values_as_it_is_built
 from test_cluster import RESTART_ENV, children, documented_restart_command, free_port, output, start
 from test_equivalence import GLOBAL_BATCH, assert_same_training
 from test_resume import TIMING_KEYS, assert_bitwise_equal
@@ -454,17 +454,7 @@ def test_fsdp_with_empty_shards_on_some_processes_trains_checkpoints_and_resumes
 def test_fsdp_a_model_that_reads_values_as_it_is_built_is_one_clear_line(tmp_path, capsys):
     # Every process builds the model on the meta device, where a tensor has no value to read.
     module = load_script("fsdp.py")
-
-    class ReadsValues(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.scale = torch.ones(1).item()
-            self.linear = torch.nn.Linear(3 * 32 * 32, 10)
-
-        def forward(self, images):
-            return self.linear(images.flatten(1)) * self.scale
-
-    module.build_model = lambda args, num_outputs: ReadsValues()
+    module.build_model = reads_values_as_it_is_built
     status = module.main([*TINY, "--out-dir", str(tmp_path)])
     result = subprocess.CompletedProcess(["fsdp.py"], status, *capsys.readouterr())
     assert_one_clear_error(result, "fsdp.py", "the model cannot be built on the meta device, where every process "
