@@ -31,8 +31,12 @@ def launcher(nproc):
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
 
 
-def worker(script_path, argv):
-    """Run a copy of fsdp.py's main() and print this process's peak host memory when shard_model returns."""
+def worker(script_path, records, argv):
+    """Run a copy of fsdp.py's main() and write this process's peak host memory when shard_model returns.
+
+    Each process writes a file of its own in the folder records: lines that several processes print
+    to one pipe at the same moment can interleave, and a record cut by another is unreadable.
+    """
     import importlib.util
 
     import torch.distributed as dist
@@ -47,8 +51,9 @@ def worker(script_path, argv):
     def measured(*args):
         units = shard_model(*args)
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        print("HOSTMEM " + json.dumps({"rank": dist.get_rank(), "imported_mib": imported, "peak_mib": peak}),
-              flush=True)
+        rank = dist.get_rank()
+        (Path(records) / f"rank{rank}.json").write_text(
+            json.dumps({"rank": rank, "imported_mib": imported, "peak_mib": peak}))
         return units
 
     script.shard_model = measured
@@ -79,12 +84,13 @@ def host_memory_rows(model, nproc, before):
                     "--batch-size", "2", "--epochs", "1", "--max-steps", "1", "--workers", "0",
                     "--image-size", "224" if model.startswith("vit") else "32",
                     "--out-dir", str(Path(tmp) / f"{label}{nproc}")]
-            result = subprocess.run([*launcher(nproc), __file__, "--worker", str(path), *argv], cwd=ROOT,
-                                    capture_output=True, text=True, timeout=900)
+            records = Path(tmp) / f"records_{label}{nproc}"
+            records.mkdir()
+            result = subprocess.run([*launcher(nproc), __file__, "--worker", str(path), str(records), *argv],
+                                    cwd=ROOT, capture_output=True, text=True, timeout=900)
             if result.returncode != 0:
                 sys.exit(f"{label} on {nproc} processes failed:\n{result.stderr[-3000:]}")
-            records = sorted((json.loads(line.split("HOSTMEM ", 1)[1]) for line in result.stdout.splitlines()
-                              if "HOSTMEM " in line), key=lambda r: r["rank"])
+            records = [json.loads((records / f"rank{rank}.json").read_text()) for rank in range(nproc)]
             first, others = records[0], records[1:]
             lines.append(f"| {model} | {nproc} | {label} | {first['peak_mib']:.0f} | "
                          f"{first['peak_mib'] - first['imported_mib']:.0f} | "
@@ -121,7 +127,7 @@ def activations(model, size, batch, steps, rounds):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--worker"]:
-        return worker(argv[1], argv[2:])
+        return worker(argv[1], argv[2], argv[3:])
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny settings, for the smoke test")
     parser.add_argument("--parts", default="host,activations",
