@@ -8,7 +8,10 @@
         --max-restarts=3 fsdp.py                                # restarts resume by themselves
     (unset, a restart often fails on stale keys of the reused rendezvous store: pytorch#135712)
     torchrun --standalone --nproc_per_node=3 fsdp.py            # resumes a run of 2 or 4 processes
-Needs torch 2.6 or later, where fully_shard became public in torch.distributed.fsdp.
+    torchrun --nnodes=N --nproc_per_node=4 --rdzv-backend=c10d --rdzv-endpoint=FIRST_NODE:29500 \
+        --rdzv-id=JOB_ID fsdp.py --replicas N                   # on every node: sharded within it
+Needs torch 2.6 or later, where fully_shard became public in torch.distributed.fsdp; on CPU
+(gloo), torch 2.9 or later, where FSDP averages the gradients over gloo.
 
 To train something else, edit the section "your data and model" and nothing else.
 
@@ -23,7 +26,9 @@ comes from the process that meets its cause).
 --amp bf16 keeps the shards in float32 and gathers them in bf16 for compute, with gradients
 reduced in float32 (fp16 adds a GradScaler); --accum-steps K sums the gradients of K
 micro-batches before each optimizer step, reduce-scattering each micro-batch's;
---activation-checkpointing keeps no activations inside a block for backward, which recomputes them.
+--activation-checkpointing keeps no activations inside a block for backward, which recomputes them;
+--replicas N (hybrid sharding, HSDP) shards each block within groups of world size / N processes,
+one group per node for N nodes, and replicates it across the groups: the gathers stay in a node.
 
 Every process scores a shard of the validation set with rank 0's BatchNorm statistics, and one
 all-reduce of sums gives the whole set's exact metrics. Every process writes its own shard of each
@@ -107,7 +112,7 @@ AMP_DTYPES = {"none": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float
 RESUME_MAY_CHANGE = ("workers", "out_dir", "log_interval", "resume", "ckpt_steps",
                      "ckpt_epochs", "keep_last", "max_steps", "backend", "local_rank",
                      "timeout_min", "channels_last", "tf32", "cudnn_benchmark", "compile",
-                     "init_from", "activation_checkpointing")
+                     "init_from", "activation_checkpointing", "replicas")
 # A checkpoint is a directory: one file of shards per process, torch.distributed.checkpoint's
 # .metadata, and train_state.pt (what is not sharded).
 CHECKPOINT_NAME = re.compile(r"^step_(\d+)$")
@@ -190,7 +195,9 @@ def train(args):
     log(f"process group {dist.get_backend()} | {world_size} processes | "
         f"timeout {args.timeout_min:g} min")
     local, whole = shard_sizes(model)
-    log(f"FSDP: {units} units | this process holds {local / 1e6:.3g} M of {whole / 1e6:.3g} M "
+    sharding = "FSDP" if args.replicas == 1 else \
+        f"HSDP, {args.replicas} replicas of {world_size // args.replicas} processes each"
+    log(f"{sharding}: {units} units | this process holds {local / 1e6:.3g} M of {whole / 1e6:.3g} M "
         f"parameters (1/{whole / local:.3g}), and as much of their gradients and optimizer state")
     log(f"global batch {args.batch_size * world_size * args.accum_steps} = {args.batch_size} per "
         f"process x {world_size} processes x {args.accum_steps} accumulation steps | "
@@ -651,6 +658,11 @@ def setup_distributed(args):
     rank = int(os.environ.get("RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if backend == "gloo" and world_size > 1 and torch.__version__ < "2.9":
+        # Measured with torch 2.7 and 2.8: over gloo, FSDP summed the processes' gradients where
+        # it meant to average them (pytorch#162338), and trained on world size times the gradient.
+        raise ConfigError(f"over gloo (CPU) needs torch 2.9 or later, where FSDP averages the "
+                          f"gradients (pytorch#162338); this is torch {torch.__version__}")
     if torch.cuda.is_available():
         if local_rank >= torch.cuda.device_count():
             # Met by the processes of too high a local rank only: each that gets here says so.
@@ -815,9 +827,10 @@ def precision_policies(args):
         return policy, root_policy, None
     # BatchNorm keeps its running statistics in float32 buffers, which FSDP does not cast, and with
     # bf16 weights beside them its CPU kernel stops ("expected scalar type BFloat16 but found
-    # Float"): each is a unit of its own, in float32, giving its output back in --amp's precision.
-    return policy, root_policy, fsdp.MixedPrecisionPolicy(
-        param_dtype=torch.float32, reduce_dtype=torch.float32, output_dtype=dtype)
+    # Float"): its layers are a unit of their own, in float32 (shard_model casts each one's input
+    # and output).
+    return policy, root_policy, fsdp.MixedPrecisionPolicy(param_dtype=torch.float32,
+                                                          reduce_dtype=torch.float32)
 
 
 def shard_model(args, model, full_model, device, world_size):
@@ -832,15 +845,22 @@ def shard_model(args, model, full_model, device, world_size):
     ahead, of the rest its shards. What is in no block (a stem, a classifier) is the root's,
     gathered from its forward to its backward. Smaller blocks free memory sooner but send more,
     smaller messages."""
-    mesh = init_device_mesh(device.type, (world_size,))
+    mesh = device_mesh(args, device, world_size)
     policy, root_policy, norm_policy = precision_policies(args)
-    units = []
+    units, norms = [], []
     if norm_policy is not None:
-        # BatchNorm in float32 units of its own (precision_policies says why).
-        for module in model.modules():
-            if isinstance(module, nn.modules.batchnorm._BatchNorm):
-                fsdp.fully_shard(module, mesh=mesh, mp_policy=norm_policy)
-                units.append(module)
+        norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if norms:
+        # BatchNorm in float32 (precision_policies says why): all its layers one unit, gathered for
+        # the whole forward and again for the backward, not a unit per layer (resnet50 has 53).
+        # A unit casts the input of its first layer and the output of its last alone (on some
+        # torch versions), so each layer casts its own: float32 in, --amp's precision out.
+        dtype = AMP_DTYPES[args.amp]
+        for norm in norms:
+            norm.register_forward_pre_hook(lambda module, inputs: tuple(x.float() for x in inputs))
+            norm.register_forward_hook(lambda module, inputs, output: output.to(dtype))
+        fsdp.fully_shard(norms, mesh=mesh, mp_policy=norm_policy)
+        units.append(norms)
     # A parameter that two modules share (tied weights) must be in one unit: a block holding one
     # is left to the root.
     counts = {}
@@ -853,7 +873,7 @@ def shard_model(args, model, full_model, device, world_size):
             if not isinstance(module, containers) or isinstance(child, containers):
                 yield from find_blocks(child)
             elif any(p.requires_grad for p in child.parameters()) and \
-                    all(counts[id(p)] == 1 for p in child.parameters()) and child not in units:
+                    all(counts[id(p)] == 1 for p in child.parameters()) and child not in norms:
                 yield child
 
     for block in list(find_blocks(model)):
@@ -875,6 +895,20 @@ def shard_model(args, model, full_model, device, world_size):
             buffer.copy_(full_buffers[name])
     broadcast_buffers(model)
     return len(units) + 1
+
+
+def device_mesh(args, device, world_size):
+    """The processes a unit is sharded over: all of them (FSDP), or with --replicas R > 1 a 2-D
+    mesh (HSDP), R groups of world size / R, each unit sharded within a group and replicated across
+    the groups. A group gathers its units within itself alone, and reduce-scatters the gradients
+    within itself, then all-reduces its shard of them with the same shard of the other groups: with
+    a group per node, only that all-reduce crosses between nodes."""
+    if world_size % args.replicas:
+        raise ConfigError(f"--replicas {args.replicas} must divide the {world_size} processes")
+    if args.replicas == 1:
+        return init_device_mesh(device.type, (world_size,))
+    return init_device_mesh(device.type, (args.replicas, world_size // args.replicas),
+                            mesh_dim_names=("replicate", "shard"))
 
 
 def broadcast_buffers(model):
@@ -1774,6 +1808,10 @@ def parse_args(argv=None):
     parser.add_argument("--activation-checkpointing", action="store_true",
                         help="keep no activations inside a block for backward: recompute them "
                              "there, one more forward per block for less memory (default: off)")
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="hybrid sharding (HSDP): shard within groups of world size / this "
+                             "many processes, replicate across the groups; the number of nodes "
+                             "keeps the gathers within each node; 1: shard over all")
     parser.add_argument("--resume", default="auto",
                         help="auto: the newest readable checkpoint in <out-dir>/checkpoints, if "
                              "any; none: start afresh; or the path of a checkpoint")
@@ -1812,7 +1850,7 @@ def parse_args(argv=None):
 # settings that must be positive.
 AT_LEAST = {"epochs": 1, "batch_size": 1, "log_interval": 1, "workers": 0, "weight_decay": 0,
             "warmup_epochs": 0, "accum_steps": 1, "clip_grad_norm": 0, "keep_last": 1,
-            "ckpt_steps": 0, "ckpt_epochs": 0, "max_steps": 0}
+            "ckpt_steps": 0, "ckpt_epochs": 0, "max_steps": 0, "replicas": 1}
 
 
 POSITIVE = ("lr", "timeout_min")

@@ -1,6 +1,6 @@
-"""fsdp.py's levers for models too big for one process: host memory at start-up, activation checkpointing.
+"""fsdp.py's levers for models too big for one process: host memory, activation checkpointing, units.
 
-    .venv/bin/python bench/fsdp_big_models.py          # docs/bench/fsdp/host.md and activations.md
+    .venv/bin/python bench/fsdp_big_models.py     # docs/bench/fsdp/host.md, activations.md, collectives.md
     .venv/bin/python bench/fsdp_big_models.py --quick --out DIR   # the smoke test's tiny settings
 
 1. host: peak host memory of each process at start-up (its resident set size when shard_model
@@ -10,6 +10,9 @@
    step on tiny synthetic data; resnet50 (23.5 M parameters) and vit_b_16 (85.8 M).
 2. activations: activations kept from forward to backward and seconds per step, with and without
    --activation-checkpointing (bench/fsdp_memory.py, resnet50, 2 processes, AdamW).
+3. collectives: collectives per optimizer step, by kind, and FSDP units, with and without
+   --amp bf16, fsdp.py as it is against fsdp.py at --norms-before (each BatchNorm layer a unit
+   of its own under --amp); resnet50, 2 processes.
 
 Figures of this machine's CPUs; on GPUs activation memory is device memory, the same bytes.
 """
@@ -24,6 +27,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -31,33 +36,79 @@ def launcher(nproc):
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
 
 
-def worker(script_path, records, argv):
-    """Run a copy of fsdp.py's main() and write this process's peak host memory when shard_model returns.
+def worker(kind, script_path, records, argv):
+    """Run a copy of fsdp.py's main() and write what this process measured to a file in the folder
+    records (kind "host": peak host memory when shard_model returns; "collectives": the
+    collectives of its one epoch of training, by name, and the number of FSDP units).
 
-    Each process writes a file of its own in the folder records: lines that several processes print
-    to one pipe at the same moment can interleave, and a record cut by another is unreadable.
+    Each process writes a file of its own: lines that several processes print to one pipe at the
+    same moment can interleave, and a record cut by another is unreadable.
     """
     import importlib.util
 
     import torch.distributed as dist
     import torchvision  # noqa: F401 -- imported by build_model; before the baseline, not in the rise
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Collectives(TorchDispatchMode):
+        """Counts the c10d operators (collectives) that run inside it, by name."""
+        def __init__(self):
+            super().__init__()
+            self.counts = {}
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == "c10d":
+                name = func.__name__.split(".")[0]
+                self.counts[name] = self.counts.get(name, 0) + 1
+            return func(*args, **(kwargs or {}))
 
     spec = importlib.util.spec_from_file_location("fsdp_under_test", script_path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     imported = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    shard_model = script.shard_model
+    shard_model, train_one_epoch = script.shard_model, script.train_one_epoch
+    record = {}
+
+    def write(**values):
+        record.update(values, rank=dist.get_rank())
+        (Path(records) / f"rank{record['rank']}.json").write_text(json.dumps(record))
 
     def measured(*args):
         units = shard_model(*args)
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        rank = dist.get_rank()
-        (Path(records) / f"rank{rank}.json").write_text(
-            json.dumps({"rank": rank, "imported_mib": imported, "peak_mib": peak}))
+        write(imported_mib=imported, units=units,
+              peak_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
         return units
 
-    script.shard_model = measured
+    def counted(*args, **kwargs):
+        with Collectives() as mode:
+            totals = train_one_epoch(*args, **kwargs)
+        write(collectives=mode.counts)
+        return totals
+
+    script.shard_model, script.train_one_epoch = measured, counted
     return script.main(argv)
+
+
+def launch(kind, path, nproc, argv, tmp, label):
+    """fsdp.py at path under torchrun, measured by worker(kind): every process's record, by rank."""
+    records = Path(tmp) / f"records_{label}"
+    records.mkdir()
+    result = subprocess.run([*launcher(nproc), __file__, "--worker", kind, str(path), str(records), *argv],
+                            cwd=ROOT, capture_output=True, text=True, timeout=900)
+    if result.returncode != 0:
+        sys.exit(f"{label} on {nproc} processes failed:\n{result.stderr[-3000:]}")
+    return [json.loads((records / f"rank{rank}.json").read_text()) for rank in range(nproc)]
+
+
+def revision(before, tmp):
+    """fsdp.py as it was at the git revision before, written into the folder tmp; or before itself,
+    where it is a file (a copy of the scripts without git history: the mutation check's)."""
+    if Path(before).is_file():
+        return Path(before)
+    old = Path(tmp) / f"fsdp_{before}.py"
+    old.write_text(subprocess.run(["git", "show", f"{before}:fsdp.py"], cwd=ROOT, check=True,
+                                  capture_output=True, text=True).stdout)
+    return old
 
 
 def host_memory(models, nprocs, before):
@@ -76,26 +127,56 @@ def host_memory(models, nprocs, before):
 def host_memory_rows(model, nproc, before):
     lines = []
     with tempfile.TemporaryDirectory() as tmp:
-        old = Path(tmp) / "fsdp_before.py"
-        old.write_text(subprocess.run(["git", "show", f"{before}:fsdp.py"], cwd=ROOT, check=True,
-                                      capture_output=True, text=True).stdout)
-        for label, path in (("before", old), ("now", ROOT / "fsdp.py")):
+        for label, path in (("before", revision(before, tmp)), ("now", ROOT / "fsdp.py")):
             argv = ["--model", model, "--train-samples", str(4 * nproc), "--val-samples", str(2 * nproc),
                     "--batch-size", "2", "--epochs", "1", "--max-steps", "1", "--workers", "0",
                     "--image-size", "224" if model.startswith("vit") else "32",
                     "--out-dir", str(Path(tmp) / f"{label}{nproc}")]
-            records = Path(tmp) / f"records_{label}{nproc}"
-            records.mkdir()
-            result = subprocess.run([*launcher(nproc), __file__, "--worker", str(path), str(records), *argv],
-                                    cwd=ROOT, capture_output=True, text=True, timeout=900)
-            if result.returncode != 0:
-                sys.exit(f"{label} on {nproc} processes failed:\n{result.stderr[-3000:]}")
-            records = [json.loads((records / f"rank{rank}.json").read_text()) for rank in range(nproc)]
+            records = launch("host", path, nproc, argv, tmp, f"{label}{nproc}")
             first, others = records[0], records[1:]
             lines.append(f"| {model} | {nproc} | {label} | {first['peak_mib']:.0f} | "
                          f"{first['peak_mib'] - first['imported_mib']:.0f} | "
                          f"{max(r['peak_mib'] for r in others):.0f} | "
                          f"{max(r['peak_mib'] - r['imported_mib'] for r in others):.0f} |")
+    return lines
+
+
+def collectives(model, blocks, before):
+    """Collectives per optimizer step (the difference of an epoch of 3 steps and one of 1, halved:
+    the epoch's own, logging's sums, cancel) of fsdp.py now and at before, 2 processes."""
+    lines = ["", f"## Collectives per step ({model}, {blocks} blocks, 2 processes)", "",
+             "Collectives one process issues per optimizer step, c10d's operators counted by a "
+             "dispatch mode around `train_one_epoch`: an epoch of 3 steps less an epoch of 1, halved. "
+             f"`before`: fsdp.py at `{before}`, where under --amp each BatchNorm layer was a unit of "
+             "its own; `now`: all of a model's BatchNorm layers are one unit. Units: FSDP's, the root "
+             "included (fsdp.py's log line). Same model.pt: after the 3 steps, bit for bit the "
+             "weights and buffers `before` trained with the same --amp.", "",
+             "| fsdp.py | --amp | units | all-gathers | reduce-scatters | all-reduces | other | same model.pt |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    kinds = {"all-gathers": "allgather", "reduce-scatters": "reduce_scatter", "all-reduces": "allreduce"}
+    with tempfile.TemporaryDirectory() as tmp:
+        rows, weights = [], {}
+        for label, path in (("before", revision(before, tmp)), ("now", ROOT / "fsdp.py")):
+            for amp in ("none", "bf16"):
+                counts = {}
+                for steps in (1, 3):
+                    out_dir = Path(tmp) / f"{label}_{amp}_{steps}"
+                    argv = ["--model", model, "--train-samples", str(2 * 2 * steps), "--val-samples", "2",
+                            "--batch-size", "2", "--epochs", "1", "--workers", "0", "--amp", amp,
+                            "--image-size", "32", "--out-dir", str(out_dir)]
+                    [record, *_] = launch("collectives", path, 2, argv, tmp, out_dir.name)
+                    counts[steps] = record["collectives"]
+                weights[label, amp] = torch.load(out_dir / "model.pt", map_location="cpu")
+                per_step = {op: (counts[3].get(op, 0) - counts[1].get(op, 0)) / 2
+                            for op in set(counts[1]) | set(counts[3])}
+                named = [sum(n for op, n in per_step.items() if kind in op) for kind in kinds.values()]
+                rows.append([label, amp, record["units"], *named, sum(per_step.values()) - sum(named)])
+        for row in rows:
+            before_weights, these = weights["before", row[1]], weights[row[0], row[1]]
+            same = before_weights.keys() == these.keys() and all(
+                torch.equal(before_weights[key], these[key]) for key in these)
+            lines.append("| " + " | ".join(f"{cell:g}" if isinstance(cell, float) else str(cell)
+                                           for cell in [*row, "yes" if same else "NO"]) + " |")
     return lines
 
 
@@ -127,14 +208,17 @@ def activations(model, size, batch, steps, rounds):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--worker"]:
-        return worker(argv[1], argv[2], argv[3:])
+        return worker(argv[1], argv[2], argv[3], argv[4:])
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny settings, for the smoke test")
-    parser.add_argument("--parts", default="host,activations",
-                        help="which parts to run: host, activations (default: both)")
+    parser.add_argument("--parts", default="host,activations,collectives",
+                        help="which parts to run: host, activations, collectives (default: all three)")
     parser.add_argument("--before", default="b04bc52",
-                        help="the git revision of fsdp.py to compare with (default: b04bc52, the last in which "
-                             "every process built the whole model)")
+                        help="the git revision of fsdp.py to compare with, or a file (default: b04bc52, the "
+                             "last in which every process built the whole model)")
+    parser.add_argument("--norms-before", default="c85972d",
+                        help="the git revision of fsdp.py whose collectives to compare with, or a file (default: "
+                             "c85972d, the last in which each BatchNorm layer was a unit of its own)")
     parser.add_argument("--out", default=str(ROOT / "docs" / "bench" / "fsdp"),
                         help="output folder (default: docs/bench/fsdp)")
     args = parser.parse_args(argv)
@@ -147,6 +231,8 @@ def main(argv=None):
         if part == "host":
             lines += host_memory(["resnet18"] if args.quick else ["resnet50", "vit_b_16"],
                                  [2] if args.quick else [2, 4], args.before)
+        elif part == "collectives":
+            lines += collectives(*(("resnet18", 8) if args.quick else ("resnet50", 16)), args.norms_before)
         else:
             lines += activations("resnet18" if args.quick else "resnet50",
                                  *((32, 2, 2, 1) if args.quick else (64, 16, 4, 3)))

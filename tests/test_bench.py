@@ -168,10 +168,20 @@ def test_benchmark_fsdp_section_measures_half_the_memory_per_process_at_two_proc
     assert float(fsdp[8]) > 0 and float(ddp[8]) > 0  # seconds per step: measured, whatever they are
 
 
+def fsdp_at(revision, tmp_path):
+    """fsdp.py at a git revision of this repository, as a file: ROOT may be a copy without history
+    (the mutation check's)."""
+    path = tmp_path / f"fsdp_{revision}.py"
+    path.write_text(subprocess.run(["git", "show", f"{revision}:fsdp.py"], cwd=Path(__file__).parent,
+                                   check=True, capture_output=True, text=True).stdout)
+    return str(path)
+
+
 @pytest.mark.slow
 def test_fsdp_big_models_benchmark_writes_its_tables_and_checkpointing_keeps_fewer_activations(tmp_path):
-    result = subprocess.run([sys.executable, str(ROOT / "bench" / "fsdp_big_models.py"), "--quick", "--out",
-                             str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "fsdp_big_models.py"), "--quick", "--parts",
+                             "host,activations", "--before", fsdp_at("b04bc52", tmp_path), "--out", str(tmp_path)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     host = [line.split("|") for line in (tmp_path / "host.md").read_text().splitlines()
             if line.startswith("| resnet18 | 2 |")]
@@ -181,3 +191,24 @@ def test_fsdp_big_models_benchmark_writes_its_tables_and_checkpointing_keeps_few
             if line.startswith(("| on |", "| off |"))}
     # Bytes saved for backward, counted, not timed: a block that recomputes keeps its input alone.
     assert 0 < float(rows["on"][2]) < float(rows["off"][2]), rows
+
+
+@pytest.mark.slow
+def test_fsdp_big_models_benchmark_counts_batchnorm_under_amp_as_one_unit_and_trains_the_same_weights(tmp_path):
+    # The benchmark's default --norms-before: the last fsdp.py with a unit per BatchNorm layer.
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "fsdp_big_models.py"), "--quick", "--parts",
+                             "collectives", "--norms-before", fsdp_at("c85972d", tmp_path), "--out", str(tmp_path)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = {tuple(cells[:2]): cells[2:] for cells in (
+        [cell.strip() for cell in line.strip("| ").split("|")] for line in (tmp_path / "collectives.md").read_text().splitlines()
+        if line.startswith(("| before |", "| now |")))}
+    assert set(rows) == {(label, amp) for label in ("before", "now") for amp in ("none", "bf16")}, rows
+    blocks = 8  # resnet18's residual blocks
+    units, all_gathers, reduce_scatters = (int(float(cell)) for cell in rows["now", "bf16"][:3])
+    # Counted, not timed: the blocks, the root, and one unit for every BatchNorm layer (before: one each, 20).
+    assert units == blocks + 2 and reduce_scatters == units, rows
+    assert all_gathers == 2 * units - 1, rows  # forward and backward, the root's once: it stays gathered
+    assert int(rows["before", "bf16"][0]) == blocks + 1 + 20, rows
+    # The same arithmetic, grouped otherwise: bit for bit the weights of before.
+    assert all(cells[-1] == "yes" for cells in rows.values()), rows

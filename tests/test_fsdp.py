@@ -26,7 +26,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import IMAGEFOLDER, TINY, TRAIN_SAMPLES, check, command, launch, metrics, weights
+from conftest import IMAGEFOLDER, ROOT, TINY, TRAIN_SAMPLES, check, command, launch, metrics, weights
 from test_amp import AMP_FINAL_LOSS_ATOL, LEARNING, MIN_LOSS_DROP
 from test_bad_input import assert_one_clear_error, call_main, reads_values_as_it_is_built
 from test_cluster import RESTART_ENV, children, documented_restart_command, free_port, output, start
@@ -258,6 +258,42 @@ def test_fsdp_shards_times_world_size_are_the_whole_model(tmp_path, nproc):
         assert abs(sum(record["params"].values()) - total / nproc) <= 0.01 * total / nproc
 
 
+@pytest.mark.slow
+def test_hsdp_2_replicas_of_2_processes_trains_what_fsdp_over_4_trains(runs):
+    # HSDP reduce-scatters each gradient within a pair, then all-reduces the halves across the
+    # pairs: other float32 sums than one reduce-scatter over 4, the same sum (WEIGHT_ATOL).
+    fsdp = runs.get("fsdp_accum_w4", "fsdp.py", per_process(4), nproc=4)
+    hsdp = runs.get("hsdp_accum_2x2", "fsdp.py", [*per_process(4), "--replicas", "2"], nproc=4)
+    assert_same_training(fsdp, hsdp)
+
+
+@pytest.mark.slow
+def test_hsdp_checkpoints_resume_in_another_layout_and_on_another_number_of_processes(tmp_path):
+    # Stopped after 2 steps as 2 replicas of 2 processes, after 1 more as FSDP over 4, finished as
+    # 2 replicas of 1 process each (every process the whole model): each resume restored exactly
+    # what was saved, and every sample of the epoch was trained on once.
+    args = ["--batch-size", "8", "--optimizer", "adamw", "--log-interval", "1"]
+    probe_dir, out_dir = tmp_path / "probe", tmp_path / "run"
+    check(probe(out_dir, [*args, "--replicas", "2", "--max-steps", "2"], 4, probe_dir))
+    holds = json.loads((probe_dir / "shards_w4_r3.json").read_text())
+    assert sum(holds["params"].values()) == pytest.approx(sum(holds["whole"].values()) / 2, rel=0.01)
+    saved = {4: read_dcp(out_dir / "checkpoints" / "step_000000002", tmp_path)}
+    check(probe(out_dir, [*args, "--max-steps", "3"], 4, probe_dir))
+    saved[2] = read_dcp(out_dir / "checkpoints" / "step_000000003", tmp_path)
+    last = check(probe(out_dir, [*args, "--replicas", "2"], 2, probe_dir))
+    assert "step_000000003: epoch 1, step 3" in last.stdout
+    for nproc in (4, 2):
+        restored = torch.load(probe_dir / f"restored_w{nproc}.pt", weights_only=False)
+        assert_states_equal(restored["model"], saved[nproc]["model"])
+        assert_states_equal(restored["optimizer"]["state"], saved[nproc]["optimizer"]["state"])
+    assert Counter(samples_seen(probe_dir, epoch=0).values()) == {1: TRAIN_SAMPLES}
+
+
+def test_hsdp_replicas_that_do_not_divide_the_processes_are_one_clear_line(tmp_path, capsys):
+    result = call_main("fsdp.py", [*TINY, "--replicas", "2", "--out-dir", str(tmp_path)], capsys)
+    assert_one_clear_error(result, "fsdp.py", "--replicas 2 must divide the 1 processes")
+
+
 def test_fsdp_resume_from_a_missing_checkpoint_directory_is_one_clear_line(tmp_path, capsys):
     # A checkpoint is a directory here, not a file.
     result = call_main("fsdp.py", [*TINY, "--resume", str(tmp_path / "nope"), "--out-dir", str(tmp_path)], capsys)
@@ -391,8 +427,8 @@ def test_fsdp_starts_from_resnet18_weights_and_first_scores_them_with_their_batc
 def test_fsdp_activation_checkpointing_trains_bitwise_the_same_model(runs, model, extra):
     # Recomputing a block's forward in its backward repeats the same arithmetic on this machine:
     # the same weights, bit for bit. BatchNorm's running statistics included, which a second
-    # forward would update twice (resnet18; under bf16, BatchNorm's own units nested in each
-    # block), and efficientnet_b0's stochastic depth, random in every block, which must drop the
+    # forward would update twice (resnet18; under bf16, the BatchNorm layers inside each block
+    # another unit's, gathered once for all of them), and efficientnet_b0's stochastic depth, random in every block, which must drop the
     # same rows twice.
     args = [*BATCHNORM, "--model", model, *extra]
     name = f"fsdp_{model}_{'_'.join(extra) or 'fp32'}_w2"
@@ -419,6 +455,24 @@ def test_fsdp_on_a_torch_without_public_fully_shard_is_one_clear_line(monkeypatc
                                               f"this is torch {torch.__version__}")
 
 
+def test_fsdp_over_gloo_on_a_torch_that_sums_the_gradients_is_one_clear_line(tmp_path):
+    # torch 2.7 and 2.8 over gloo: fully_shard's gradients were the sum over processes, not the
+    # mean (pytorch#162338; measured with 2.7.1 and 2.8.0, twice the mean on 2 processes, and
+    # fsdp.py's weights 0.05 from one process's; 2.9.0 and 2.9.1 average). A stand-in: this
+    # torch, its version string set to 2.8.0 before the script runs, on 2 processes.
+    stand_in = tmp_path / "torch_2_8.py"
+    stand_in.write_text(
+        "import runpy, sys, torch\n"
+        "from torch.torch_version import TorchVersion\n"
+        "torch.__version__ = TorchVersion('2.8.0')\n"
+        f"sys.argv[0] = {str(ROOT / 'fsdp.py')!r}\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    result = launch(str(stand_in), [*TINY, "--out-dir", str(tmp_path / "run")], nproc=2)
+    assert_one_clear_error(result, "fsdp.py", "over gloo (CPU) needs torch 2.9 or later, where FSDP averages "
+                                              "the gradients (pytorch#162338); this is torch 2.8.0")
+    assert not (tmp_path / "run").exists()  # stopped before any work
+
+
 def test_fsdp_teardown_passes_over_private_names_a_torch_lacks(monkeypatch):
     # The caches emptied at the end are DTensor's private ones; a torch that renamed one must not
     # turn a finished run into a traceback, and the caches it does have are still emptied.
@@ -426,8 +480,10 @@ def test_fsdp_teardown_passes_over_private_names_a_torch_lacks(monkeypatch):
     from torch.distributed.tensor import debug
 
     emptied = []
-    monkeypatch.delattr(debug, "_clear_sharding_prop_cache")
-    monkeypatch.setattr(redistribute, "clear_redistribute_planner_cache", lambda: emptied.append("planner"))
+    # raising=False: the test runs on a torch that lacks either name too (2.9 has neither).
+    monkeypatch.delattr(debug, "_clear_sharding_prop_cache", raising=False)
+    monkeypatch.setattr(redistribute, "clear_redistribute_planner_cache", lambda: emptied.append("planner"),
+                        raising=False)
     load_script("fsdp.py").release_device_meshes()
     assert emptied == ["planner"]
 

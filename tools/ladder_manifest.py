@@ -288,7 +288,8 @@ MANIFEST = {
              "dtype per operation and keeps softmax, norms and losses in float32, the policy casts a "
              "unit's parameters and inputs: every operation on them in the unit runs in bf16, "
              "softmax and norms included, and its gradients are computed in bf16 too. BatchNorm, whose running statistics "
-             "FSDP does not cast, is a float32 unit of its own. fp16 keeps the GradScaler: it works "
+             "FSDP does not cast, is a float32 unit of its own: all its layers one unit, each "
+             "casting its own input and output. fp16 keeps the GradScaler: it works "
              "on sharded gradients, and an overflow on one process skips the step on all."),
             ("accum", "Accumulation: a reduce-scatter per micro-batch",
              "Each micro-batch's backward reduce-scatters its gradients (averaged over processes) into "
@@ -303,6 +304,15 @@ MANIFEST = {
              "The second forward would update BatchNorm's running statistics again: they get their "
              "values from before it back. Less memory for one more forward per block; the same "
              "weights, bit for bit on CPU."),
+            ("hsdp", "Hybrid sharding across nodes (HSDP)",
+             "--replicas R makes the mesh 2-D: R groups of world size / R processes (a group per node, "
+             "when R is the number of nodes), each unit sharded within a group and replicated across "
+             "the groups. A unit's all-gathers stay within its group; its gradients are "
+             "reduce-scattered within the group, then each slice is all-reduced with the same slice "
+             "of the other groups, the one collective that crosses between nodes. A process holds "
+             "R / world size of the model instead of 1 / world size. Checkpoints hold whole "
+             "tensors' slices either way: a run resumes in another layout or on another number of "
+             "processes."),
             ("clip", "Clipping by the global norm",
              "clip_grad_norm_ over the sharded (DTensor) gradients computes the norm of all slices "
              "together, the same on every process, and returns it as a DTensor: full_tensor() gives "
@@ -337,10 +347,13 @@ MANIFEST = {
             "imports": [("import shutil", "checkpoint"), ("torch.utils.checkpoint", "recompute"),
                         ("checkpoint", "checkpoint"),
                         ("itertools", "reshard"), ("", "shard")],
-            "RESUME_MAY_CHANGE": "shard",
+            "RESUME_MAY_CHANGE": "hsdp",
             "CHECKPOINT_NAME": "checkpoint",
             "parse_args": [("gather the parameters", "precision"), ("keep no activations", "recompute"),
-                           ("", "shard")],
+                           ("hybrid sharding", "hsdp"), ("", "shard")],
+            "AT_LEAST": "hsdp",
+            "setup_distributed": "shard",
+            "device_mesh": "hsdp",
             "POSITIVE": "shard",
             "check_args": "checkpoint",
             "ResumableDistributedSampler": "reshard",
@@ -372,14 +385,15 @@ MANIFEST = {
             "train": [("get_model_state_dict", "modelpt"), ("rank0_only(rank, atomic_save, full", "modelpt"),
                       ("evaluate", "validation"), ("epoch_position", "reshard"),
                       ("start_or_resume", "reshard"), ("units = shard_model", "shard"),
+                      ("HSDP", "hsdp"),
                       ("build_on_meta", "hostcopy"), ("full_model", "hostcopy"), ("", "shard")],
         },
         "removed": {"autocast": "precision"},
-        "flags_added": {"--activation-checkpointing"},
+        "flags_added": {"--activation-checkpointing", "--replicas"},
         "flags_removed": {"--bucket-cap-mb": "FSDP gathers and reduce-scatters per unit: no DDP buckets",
                           "--gradient-as-bucket-view": "no DDP buckets to view"},
         "mechanisms": {"shard_model", "precision_policies", "spare_batch", "check_shards",
-                       "broadcast_buffers", "recompute_in_backward", "buffers_kept"},
-        "diff_size": (465, 131),
+                       "broadcast_buffers", "recompute_in_backward", "buffers_kept", "device_mesh"},
+        "diff_size": (506, 134),
     },
 }

@@ -608,10 +608,35 @@ PITFALLS = [
         "mistake": "one bf16 `MixedPrecisionPolicy` for the whole model, BatchNorm included",
         "symptom": "on CPU: \"expected scalar type BFloat16 but found Float\" in the first forward (bf16 weights "
                    "beside BatchNorm's float32 running statistics, which FSDP does not cast)",
-        "correct": "each BatchNorm a unit of its own with a float32 policy that gives its output back in bf16",
+        "correct": "the BatchNorm layers a unit of their own with a float32 policy that gives their outputs back in bf16",
         "fix": [("fsdp.py", "    if norm_policy is not None:")],
         "guards": ["tests/test_fsdp.py::test_fsdp_low_precision_trains_resnet18_with_its_batchnorm"],
         "mutation": ("fsdp.py", "    if norm_policy is not None:", "    if False:"),
+    },
+    {
+        "title": "FSDP over gloo on a torch that sums the gradients",
+        "mistake": "trusting `fully_shard` to average the gradients over gloo (CPU) on any torch that has it",
+        "symptom": "torch 2.7 and 2.8 sum them over gloo (pytorch#162338): on 2 processes each gradient twice "
+                   "the mean, and the CNN's weights 0.05 from one process's after 24 steps; nothing fails",
+        "correct": "over gloo with more than one process, torch 2.9 or later, or one line at start-up saying so",
+        "fix": [("fsdp.py", '    if backend == "gloo" and world_size > 1 and torch.__version__ < "2.9":')],
+        "guards": ["tests/test_fsdp.py::test_fsdp_over_gloo_on_a_torch_that_sums_the_gradients_is_one_clear_line"],
+        "mutation": ("fsdp.py", 'world_size > 1 and torch.__version__ < "2.9":',
+                     'world_size > 1 and torch.__version__ < "2.7":'),
+    },
+    {
+        "title": "FSDP: a unit for every BatchNorm layer",
+        "mistake": "`fully_shard` on each BatchNorm layer to keep it in float32 under `--amp`",
+        "symptom": "each layer is gathered and reduced on its own: resnet50 under bf16 has 70 units instead of "
+                   "18, and a step sends 139 all-gathers and 70 reduce-scatters instead of 35 and 18 "
+                   "(docs/bench/fsdp/collectives.md), each of a few kilobytes",
+        "correct": "all BatchNorm layers of the model one unit (`fully_shard` takes a list of modules): gathered "
+                   "once for the forward and once for the backward; the same weights, bit for bit",
+        "fix": [("fsdp.py", "        fsdp.fully_shard(norms, mesh=mesh, mp_policy=norm_policy)")],
+        "guards": ["tests/test_bench.py::test_fsdp_big_models_benchmark_counts_batchnorm_under_amp_as_one_unit_"
+                   "and_trains_the_same_weights"],
+        "mutation": ("fsdp.py", "        fsdp.fully_shard(norms, mesh=mesh, mp_policy=norm_policy)",
+                     "        [fsdp.fully_shard(norm, mesh=mesh, mp_policy=norm_policy) for norm in norms]"),
     },
     {
         "title": "FSDP: every process builds the whole model",
