@@ -195,9 +195,7 @@ def train(args):
     log(f"process group {dist.get_backend()} | {world_size} processes | "
         f"timeout {args.timeout_min:g} min")
     local, whole = shard_sizes(model)
-    sharding = "FSDP" if args.replicas == 1 else \
-        f"HSDP, {args.replicas} replicas of {world_size // args.replicas} processes each"
-    log(f"{sharding}: {units} units | this process holds {local / 1e6:.3g} M of {whole / 1e6:.3g} M "
+    log(f"FSDP: {units} units | this process holds {local / 1e6:.3g} M of {whole / 1e6:.3g} M "
         f"parameters (1/{whole / local:.3g}), and as much of their gradients and optimizer state")
     log(f"global batch {args.batch_size * world_size * args.accum_steps} = {args.batch_size} per "
         f"process x {world_size} processes x {args.accum_steps} accumulation steps | "
@@ -907,6 +905,8 @@ def device_mesh(args, device, world_size):
         raise ConfigError(f"--replicas {args.replicas} must divide the {world_size} processes")
     if args.replicas == 1:
         return init_device_mesh(device.type, (world_size,))
+    log(f"HSDP: {args.replicas} replicas of {world_size // args.replicas} processes each, every "
+        f"unit sharded within a replica")
     return init_device_mesh(device.type, (args.replicas, world_size // args.replicas),
                             mesh_dim_names=("replicate", "shard"))
 

@@ -385,7 +385,6 @@ MANIFEST = {
             "train": [("get_model_state_dict", "modelpt"), ("rank0_only(rank, atomic_save, full", "modelpt"),
                       ("evaluate", "validation"), ("epoch_position", "reshard"),
                       ("start_or_resume", "reshard"), ("units = shard_model", "shard"),
-                      ("HSDP", "hsdp"),
                       ("build_on_meta", "hostcopy"), ("full_model", "hostcopy"), ("", "shard")],
         },
         "removed": {"autocast": "precision"},
