@@ -106,11 +106,14 @@ def correctness_plan(gpus, tmp, port):
                "model.pt scored in one process"),
         Launch("fsdp_bf16_accum", [torchrun(gpus, "fsdp.py", [*SMALL, "--amp", "bf16", "--accum-steps", "2",
                                                                "--clip-grad-norm", "1", "--activation-checkpointing",
+                                                               *(["--replicas", "2"] if gpus % 2 == 0 else []),
                                                                "--out-dir", f"{tmp}/6"])],
                35, w, "the model built on the meta device, shards filled from rank 0's copy on the GPU (to_empty, "
-                      "broadcast_from_rank0); fully_shard with bf16 and float32-BatchNorm policies, a reduce-scatter "
-                      "per micro-batch, the global-norm clip, activation checkpointing"
-                      + (" (a world of one: one shard, collectives with itself)" if gpus == 1 else "")),
+                      "broadcast_from_rank0); fully_shard with bf16 and float32-BatchNorm policies (all BatchNorm "
+                      "layers one unit, each casting its own input and output), a reduce-scatter per micro-batch, "
+                      "the global-norm clip, activation checkpointing"
+                      + (" (a world of one: one shard, collectives with itself)" if gpus == 1 else
+                         ", hybrid sharding: 2 replicas (a 2-D mesh over nccl)" if gpus % 2 == 0 else "")),
         Launch("fsdp_validation_matches", eval_check(f"{tmp}/6", "bf16"), 15, w,
                "fsdp.py's bf16 validation against model.pt gathered to rank 0, scored in float32"),
     ]
