@@ -659,6 +659,7 @@ def setup_distributed(args):
     if backend == "gloo" and world_size > 1 and torch.__version__ < "2.9":
         # Measured with torch 2.7 and 2.8: over gloo, FSDP summed the processes' gradients where
         # it meant to average them (pytorch#162338), and trained on world size times the gradient.
+        # (torch.__version__ compares as a version, not as a string: 2.10 comes after 2.9.)
         raise ConfigError(f"over gloo (CPU) needs torch 2.9 or later, where FSDP averages the "
                           f"gradients (pytorch#162338); this is torch {torch.__version__}")
     if torch.cuda.is_available():
@@ -900,7 +901,7 @@ def device_mesh(args, device, world_size):
     mesh (HSDP), R groups of world size / R, each unit sharded within a group and replicated across
     the groups. A group gathers its units within itself alone, and reduce-scatters the gradients
     within itself, then all-reduces its shard of them with the same shard of the other groups: with
-    a group per node, only that all-reduce crosses between nodes."""
+    a group per node, that all-reduce is a training step's one collective across nodes."""
     if world_size % args.replicas:
         raise ConfigError(f"--replicas {args.replicas} must divide the {world_size} processes")
     if args.replicas == 1:

@@ -309,7 +309,8 @@ MANIFEST = {
              "when R is the number of nodes), each unit sharded within a group and replicated across "
              "the groups. A unit's all-gathers stay within its group; its gradients are "
              "reduce-scattered within the group, then each slice is all-reduced with the same slice "
-             "of the other groups, the one collective that crosses between nodes. A process holds "
+             "of the other groups, in a training step the one collective that crosses between "
+             "nodes. A process holds "
              "R / world size of the model instead of 1 / world size. Checkpoints hold whole "
              "tensors' slices either way: a run resumes in another layout or on another number of "
              "processes."),
@@ -341,7 +342,8 @@ MANIFEST = {
             FLAGS,
         ],
         "ahead": {"precision_policies": "precision", "broadcast_buffers": "hostcopy",
-                  "recompute_in_backward": "recompute", "full_model": "hostcopy"},
+                  "recompute_in_backward": "recompute", "full_model": "hostcopy",
+                  "device_mesh": "hsdp"},
         "regions": {
             "docstring": "top",
             "imports": [("import shutil", "checkpoint"), ("torch.utils.checkpoint", "recompute"),
@@ -393,6 +395,6 @@ MANIFEST = {
                           "--gradient-as-bucket-view": "no DDP buckets to view"},
         "mechanisms": {"shard_model", "precision_policies", "spare_batch", "check_shards",
                        "broadcast_buffers", "recompute_in_backward", "buffers_kept", "device_mesh"},
-        "diff_size": (506, 134),
+        "diff_size": (507, 134),
     },
 }
