@@ -1872,6 +1872,12 @@ def check_args(args):
         raise ConfigError(f"--init-from {args.init_from!r}: no such file")
     if args.resume not in ("auto", "none") and not os.path.isdir(args.resume):
         raise ConfigError(f"--resume {args.resume!r}: no such checkpoint directory")
+    # [optional: compile]
+    if args.compile and args.activation_checkpointing:
+        # Measured with torch 2.14: dynamo stops at the first forward ("checkpoint not implemented
+        # for ... context_fn"), a traceback from every process.
+        raise ConfigError("--compile cannot trace --activation-checkpointing's recompute (its "
+                          "context_fn, which keeps BatchNorm's statistics): use one of the two")
 
 
 def set_seed(seed):

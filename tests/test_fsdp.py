@@ -442,6 +442,14 @@ def test_fsdp_activation_checkpointing_trains_bitwise_the_same_model(runs, model
     assert untimed[0] == untimed[1]
 
 
+def test_fsdp_compile_with_activation_checkpointing_is_one_clear_line(tmp_path, capsys):
+    # torch.compile cannot trace the recompute's context_fn (measured with torch 2.14: an
+    # InternalTorchDynamoError at the first forward, from every process).
+    result = call_main("fsdp.py", [*TINY, "--compile", "--activation-checkpointing", "--out-dir", str(tmp_path)],
+                       capsys)
+    assert_one_clear_error(result, "fsdp.py", "--compile cannot trace --activation-checkpointing's recompute")
+
+
 def test_fsdp_on_a_torch_without_public_fully_shard_is_one_clear_line(monkeypatch, capsys):
     # torch 2.4 and 2.5 have no fully_shard in torch.distributed.fsdp (measured with torch 2.4.1:
     # an ImportError traceback from every process before this line existed). A stand-in: this

@@ -614,6 +614,16 @@ PITFALLS = [
         "mutation": ("fsdp.py", "    if norm_policy is not None:", "    if False:"),
     },
     {
+        "title": "torch.compile over activation checkpointing with a context_fn",
+        "mistake": "letting `--compile` and `--activation-checkpointing` run together",
+        "symptom": "dynamo stops at the first forward: \"checkpoint not implemented for ... context_fn\" "
+                   "(the context that keeps BatchNorm's statistics), a traceback from every process",
+        "correct": "one line at start-up, before any work: use one of the two",
+        "fix": [("fsdp.py", "    if args.compile and args.activation_checkpointing:")],
+        "guards": ["tests/test_fsdp.py::test_fsdp_compile_with_activation_checkpointing_is_one_clear_line"],
+        "mutation": ("fsdp.py", "    if args.compile and args.activation_checkpointing:", "    if False:"),
+    },
+    {
         "title": "FSDP over gloo on a torch that sums the gradients",
         "mistake": "trusting `fully_shard` to average the gradients over gloo (CPU) on any torch that has it",
         "symptom": "torch 2.7 and 2.8 sum them over gloo (pytorch#162338): on 2 processes each gradient twice "
