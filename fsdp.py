@@ -16,8 +16,9 @@ Needs torch 2.6 or later, where fully_shard became public in torch.distributed.f
 To train something else, edit the section "your data and model" and nothing else.
 
 Each process holds 1/world size of every parameter, of its gradient and of the optimizer's state
-(fully_shard, block by block), reads its own shard of every epoch, and before each block's forward
-and backward gathers that block's full parameters from all processes, freeing them after; backward
+(fully_shard, unit by unit: the blocks the section "your data and model" names), reads its own
+shard of every epoch, and before each unit's forward and backward gathers that unit's full
+parameters from all processes, freeing them after; backward
 reduce-scatters the gradients, so each process steps the optimizer on its own shard alone. The
 model's values are built on rank 0 alone, in its host memory: the others build only its shapes
 (the meta device) and receive their shards. Only rank 0 logs and writes single files (a warning
@@ -27,7 +28,7 @@ comes from the process that meets its cause).
 reduced in float32 (fp16 adds a GradScaler); --accum-steps K sums the gradients of K
 micro-batches before each optimizer step, reduce-scattering each micro-batch's;
 --activation-checkpointing keeps no activations inside a block for backward, which recomputes them;
---replicas N (hybrid sharding, HSDP) shards each block within groups of world size / N processes,
+--replicas N (hybrid sharding, HSDP) shards each unit within groups of world size / N processes,
 one group per node for N nodes, and replicates it across the groups: the gathers stay in a node.
 
 Every process scores a shard of the validation set with rank 0's BatchNorm statistics, and one
@@ -53,6 +54,7 @@ makes runs exact and safe (per-sample seeds, agreeing on a checkpoint, preemptio
 a part leaves a few mentions of it in comments and in RESUME_MAY_CHANGE: harmless.
 """
 import argparse
+import collections
 import contextlib
 import dataclasses
 import datetime
@@ -403,7 +405,7 @@ def evaluate(args, model, loader, device, preemption):
             totals[:-2] += sums
             totals[-2] += count
         else:
-            # Every forward gathers each block's parameters from all processes: a process that
+            # Every forward gathers each unit's parameters from all processes: a process that
             # skipped one would leave the others waiting in it until --timeout-min ends the run.
             # Without a batch, it runs the forward on a spare one and discards the result.
             spare = spare if spare is not None else spare_batch(loader, device, args.channels_last)
@@ -582,6 +584,16 @@ def build_model(args, num_outputs):
                           "model; list them with: python -c \"import torchvision.models as m; "
                           "print(m.list_models(module=m))\"")
     return models.get_model(args.model, num_classes=num_outputs)
+
+
+def shard_units(model):
+    """The modules that fsdp.py shards one by one (units), each gathered whole only while it
+    computes; what is in none is the root's, gathered for the whole step. A torchvision model's
+    are the blocks it repeats (find_blocks); a model of your own returns its own (a transformer,
+    its layers), the CNN its convolutions."""
+    if isinstance(model, SmallCNN):
+        return [layer for layer in model.features if isinstance(layer, nn.Conv2d)]
+    return find_blocks(model)
 
 
 # [optional: init-from]
@@ -814,7 +826,7 @@ class Preemption:
 # --- sharding -------------------------------------------------------------------------------------
 
 def precision_policies(args):
-    """FSDP's mixed precision for --amp: the policies of the blocks, of the root, and of BatchNorm
+    """FSDP's mixed precision for --amp: the policies of the units, of the root, and of BatchNorm
     (None in float32, where it needs none of its own)."""
     dtype = AMP_DTYPES[args.amp]
     # Parameters gathered in --amp's precision, for compute; gradients reduced in float32 (averaged
@@ -833,20 +845,19 @@ def precision_policies(args):
 
 
 def shard_model(args, model, full_model, device, world_size):
-    """Shard the model (on the meta device) over all processes with fully_shard, block by block,
+    """Shard the model (on the meta device) over all processes with fully_shard, unit by unit,
     then the root; fill every process's shards with its slices of rank 0's full_model.
 
-    A block is a module directly inside an nn.Sequential or nn.ModuleList, searched from the root
-    down and not inside a block: the repeated units a model is built of (ResNet's residual blocks,
-    a ViT's encoder layers, the CNN's convolutions). Before a block's forward, and again before
-    its backward, its full parameters are gathered from every process's shards, and freed after:
-    a process holds the whole of the block that computes and of the next, which FSDP gathers
-    ahead, of the rest its shards. What is in no block (a stem, a classifier) is the root's,
-    gathered from its forward to its backward. Smaller blocks free memory sooner but send more,
-    smaller messages."""
+    The units are the modules shard_units names (section "your data and model"): a model's
+    blocks. Before a unit's forward, and again before its backward, its full parameters are
+    gathered from every process's shards, and freed after: a process holds the whole of the unit
+    that computes and of the next, which FSDP gathers ahead, of the rest its shards. What is in no
+    unit (a stem, a classifier) is the root's, gathered from its forward to its backward. Smaller
+    units free memory sooner but send more, smaller messages."""
     mesh = device_mesh(args, device, world_size)
     policy, root_policy, norm_policy = precision_policies(args)
-    units, norms = [], []
+    named = check_units(model, shard_units(model))  # the section's units, checked first
+    norms, units = [], []
     if norm_policy is not None:
         norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     if norms:
@@ -860,26 +871,13 @@ def shard_model(args, model, full_model, device, world_size):
             norm.register_forward_hook(lambda module, inputs, output: output.to(dtype))
         fsdp.fully_shard(norms, mesh=mesh, mp_policy=norm_policy)
         units.append(norms)
-    # A parameter that two modules share (tied weights) must be in one unit: a block holding one
-    # is left to the root.
-    counts = {}
-    for _, param in model.named_parameters(remove_duplicate=False):
-        counts[id(param)] = counts.get(id(param), 0) + 1
-
-    def find_blocks(module):
-        containers = (nn.Sequential, nn.ModuleList)
-        for child in module.children():
-            if not isinstance(module, containers) or isinstance(child, containers):
-                yield from find_blocks(child)
-            elif any(p.requires_grad for p in child.parameters()) and \
-                    all(counts[id(p)] == 1 for p in child.parameters()) and child not in norms:
-                yield child
-
-    for block in list(find_blocks(model)):
-        if args.activation_checkpointing:
-            recompute_in_backward(block)
-        fsdp.fully_shard(block, mesh=mesh, mp_policy=policy)
-        units.append(block)
+    for unit in named:
+        unit = [module for module in unit if module not in norms]  # BatchNorm's are in its unit
+        for module in unit if args.activation_checkpointing else []:
+            recompute_in_backward(module)
+        if unit:
+            fsdp.fully_shard(unit if len(unit) > 1 else unit[0], mesh=mesh, mp_policy=policy)
+            units.append(unit)
     fsdp.fully_shard(model, mesh=mesh, mp_policy=root_policy)
     # Memory for the shards on this process's device, then their values: rank 0 broadcasts each
     # tensor of its full model in turn and every process keeps its own slice.
@@ -894,6 +892,68 @@ def shard_model(args, model, full_model, device, world_size):
             buffer.copy_(full_buffers[name])
     broadcast_buffers(model)
     return len(units) + 1
+
+
+def find_blocks(model):
+    """The blocks a model repeats, the units shard_units names by default: searched from the root
+    down, the modules built of layers (holding a layer with parameters) whose class the model uses
+    more than once, not inside one another -- ResNet's residual blocks, a ViT's encoder layers,
+    ConvNeXt's and Swin's blocks, MobileNet's. Containers (nn.Sequential, nn.ModuleList,
+    nn.ModuleDict, and classes built on them: a stage, a convolution with its norm) are searched,
+    not taken: a block is what they hold. A model with no blocks (an MLP, VGG) gets its layers."""
+    containers = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+    uses = collections.Counter(type(module) for module in model.modules())
+
+    def is_layer(module):
+        return any(True for _ in module.parameters(recurse=False))
+
+    def is_block(module):
+        return (not isinstance(module, containers) and uses[type(module)] > 1 and
+                any(is_layer(inner) for inner in module.modules() if inner is not module))
+
+    def search(module):
+        for child in module.children():
+            yield from [child] if is_block(child) else search(child)
+
+    blocks = list(search(model)) or [module for module in model.modules()
+                                     if module is not model and is_layer(module)]
+    # Tied weights are gathered as one: a unit sharing a parameter with the rest is the root's.
+    return [block for block in blocks if not shares_parameters(model, [block])]
+
+
+def shares_parameters(model, modules):
+    """Where outside the modules the model holds one of their parameters too (tied weights): that
+    parameter's name there, or None."""
+    paths = tuple(name + "." for name, inner in model.named_modules(remove_duplicate=False)
+                  if any(inner is module for module in modules))
+    own = {id(param) for module in modules for param in module.parameters()}
+    return next((name for name, param in model.named_parameters(remove_duplicate=False)
+                 if id(param) in own and not name.startswith(paths)), None)
+
+
+def check_units(model, units):
+    """shard_units's units as lists of modules. A unit is a module inside the model, or a list of
+    them gathered as one (modules with tied weights, or small blocks together); every module once,
+    none inside another, and no unit sharing a parameter with a module outside it (tied weights
+    are one tensor: they must be in one unit). Anything else is a ConfigError naming it."""
+    names = {module: name for name, module in model.named_modules() if name}
+    units = [list(unit) if isinstance(unit, (list, tuple)) else [unit] for unit in units]
+    modules = [module for unit in units for module in unit]
+    for module in modules:
+        if module not in names:
+            raise ConfigError(f"shard_units returned a {type(module).__name__} that is not a "
+                              f"module inside the model")
+        outer = next((other for other in modules if other is not module and
+                      any(inner is module for inner in other.modules())), None)
+        if outer is not None or modules.count(module) > 1:
+            raise ConfigError(f"shard_units returned {names[module]} " + (
+                f"inside {names[outer]}: units cannot nest" if outer is not None else "twice"))
+    for unit in units:
+        if tied := shares_parameters(model, unit):
+            raise ConfigError(f"shard_units returned {', '.join(names[m] for m in unit)}, which "
+                              f"shares a parameter with {tied} outside it (tied weights): return "
+                              f"both in one unit (a list), or neither (the root then holds them)")
+    return units
 
 
 def device_mesh(args, device, world_size):
@@ -1726,6 +1786,8 @@ TASK_HOOKS = {
     "channels_last_pays": ("channels_last_pays(args, device) says whether channels-last memory "
                            "order speeds the model up", lambda args, device: False),
     "RESUME_MAY_CHANGE_TASK": ("flags a resumed run may change", ()),
+    "shard_units": ("shard_units(model) returns the modules fsdp.py shards one by one",
+                    find_blocks),
 }
 
 

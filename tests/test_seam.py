@@ -178,3 +178,59 @@ def test_fsdp_copy_trains_what_one_process_trains_and_validates_exactly(copies, 
     last = metrics(out_dir)[-1]
     assert last["val_samples"] == 101
     assert last["val_loss"] == pytest.approx(((predictions - targets) ** 2).mean().item(), rel=VAL_LOSS_RTOL)
+
+
+# The same task through a model with blocks and a read-out tied to its embedding (a language model's
+# tie), whose section names its units: the tied pair as one unit (a list), not the two blocks the
+# default finds, so the start-up line ("FSDP: N units", the root counted) tells whose were sharded.
+TIED_MODEL = '''
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 16)
+
+    def forward(self, x):
+        return x + self.fc2(torch.tanh(self.fc1(x)))
+
+
+class TiedTokens(nn.Module):
+    def __init__(self, num_outputs):
+        super().__init__()
+        self.embedding = nn.Embedding(VOCAB, 16)
+        self.blocks = nn.ModuleList([Block(), Block()])
+        self.readout = nn.Linear(16, VOCAB, bias=False)
+        self.readout.weight = self.embedding.weight  # tied: one tensor, two modules
+        self.head = nn.Linear(VOCAB, num_outputs)
+
+    def forward(self, tokens):
+        x = self.embedding(tokens).mean(dim=1)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.readout(x).softmax(dim=1))  # a language model's next-token probabilities
+
+
+def build_model(args, num_outputs):  # this model in the demo task's place
+    return TiedTokens(num_outputs)
+'''
+NAMED_UNITS = '''
+
+def shard_units(model):
+    return [[model.embedding, model.readout]]
+'''
+
+
+@pytest.mark.parametrize("section, units", [(TIED_MODEL + NAMED_UNITS, 2), (TIED_MODEL, 3)],
+                         ids=["named-by-the-section", "found-by-default"])
+def test_fsdp_copy_shards_the_units_its_section_names_tied_weights_in_the_root(tmp_path, section, units):
+    # Units: the section's tied pair, gathered as one, or by default both blocks, the tied pair the
+    # root's; either way the copy trains what one process trains.
+    for script in ("ddp_basic.py", "fsdp.py"):
+        (tmp_path / script).write_text(ladder.replace_seam(ladder.read(script, ROOT), SEAM + section))
+    one = check(launch(str(tmp_path / "ddp_basic.py"), [*ARGS, "--batch-size", "32", "--out-dir",
+                                                         str(tmp_path / "one")]))
+    two = check(launch(str(tmp_path / "fsdp.py"), [*ARGS, "--batch-size", "16", "--out-dir", str(tmp_path / "two")],
+                       nproc=2))
+    assert f"FSDP: {units} units" in two.stdout
+    assert max_weight_difference(weights(tmp_path / "one"), weights(tmp_path / "two")) <= WEIGHT_ATOL
+    assert metrics(tmp_path / "two")[-1]["train_loss"] < metrics(tmp_path / "two")[0]["train_loss"]

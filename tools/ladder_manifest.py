@@ -263,15 +263,24 @@ MANIFEST = {
              "into a DTensor: a tensor of which each process holds one slice along dim 0, about "
              "1/world size of it (split as torch.chunk splits: the last slices may be smaller, or "
              "empty), and to_local() is this process's slice. init_device_mesh names the processes the slices "
-             "span. The model is cut into units: each block (a module directly inside an "
-             "nn.Sequential or nn.ModuleList), then the root, the whole model, for what is in no "
-             "block. Before a unit computes, an all-gather gives every process its full parameters, "
+             "span. The model is cut into units: the modules the section \"your data and model\" "
+             "names (shard_units, next), then the root, the whole model, for what is in no unit. "
+             "Before a unit computes, an all-gather gives every process its full parameters, "
              "freed after its forward and again after its backward (FSDP2 gathers the next unit "
              "while one computes, and the root's stay gathered from its forward to its backward). "
              "After a unit's backward a reduce-scatter leaves each process its slice of the "
              "gradients averaged over all processes, as DDP's all-reduce averages them (an "
              "all-reduce is a reduce-scatter followed by an all-gather). The optimizer is built on "
              "the slices, after sharding; at the end DTensor's caches must let go of the mesh."),
+            ("units", "Units: named in the section \"your data and model\"",
+             "shard_units(model) returns the units: the modules, or lists of modules gathered as "
+             "one. The CNN names its convolutions; a torchvision model gets the blocks it repeats "
+             "(find_blocks, the default for a section without the hook): from the root down, a "
+             "module built of layers whose class the model uses more than once, containers searched "
+             "rather than taken, so a stem's or a downsampling layer's few parameters are the "
+             "root's. Tied weights (one tensor in two modules) are gathered as one: a unit holding "
+             "one of them holds all its modules, or the root holds them. What a section returns is "
+             "checked before anything is sharded, one line for each mistake."),
             ("hostcopy", "One copy of the model in host memory",
              "Every process builds the model on the meta device: shapes, no memory, no values. Rank 0 "
              "alone builds it with values, in its CPU memory, from the seed ddp_full.py uses (and "
@@ -343,12 +352,12 @@ MANIFEST = {
         ],
         "ahead": {"precision_policies": "precision", "broadcast_buffers": "hostcopy",
                   "recompute_in_backward": "recompute", "full_model": "hostcopy",
-                  "device_mesh": "hsdp"},
+                  "device_mesh": "hsdp", "check_units": "units", "shard_units": "units"},
         "regions": {
             "docstring": "top",
             "imports": [("import shutil", "checkpoint"), ("torch.utils.checkpoint", "recompute"),
                         ("checkpoint", "checkpoint"),
-                        ("itertools", "reshard"), ("", "shard")],
+                        ("itertools", "reshard"), ("collections", "units"), ("", "shard")],
             "RESUME_MAY_CHANGE": "hsdp",
             "CHECKPOINT_NAME": "checkpoint",
             "parse_args": [("gather the parameters", "precision"), ("keep no activations", "recompute"),
@@ -361,6 +370,11 @@ MANIFEST = {
             "ResumableDistributedSampler": "reshard",
             "precision_policies": "precision",
             "shard_model": "shard",
+            "shard_units": "units",
+            "find_blocks": "units",
+            "shares_parameters": "units",
+            "check_units": "units",
+            "TASK_HOOKS": "units",
             "broadcast_buffers": "hostcopy",
             "build_on_meta": "hostcopy",
             "recompute_in_backward": "recompute",
@@ -394,7 +408,8 @@ MANIFEST = {
         "flags_removed": {"--bucket-cap-mb": "FSDP gathers and reduce-scatters per unit: no DDP buckets",
                           "--gradient-as-bucket-view": "no DDP buckets to view"},
         "mechanisms": {"shard_model", "precision_policies", "spare_batch", "check_shards",
-                       "broadcast_buffers", "recompute_in_backward", "buffers_kept", "device_mesh"},
-        "diff_size": (513, 134),
+                       "broadcast_buffers", "recompute_in_backward", "buffers_kept", "device_mesh",
+                       "find_blocks", "check_units", "shard_units"},
+        "diff_size": (575, 134),
     },
 }

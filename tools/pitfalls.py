@@ -649,6 +649,34 @@ PITFALLS = [
                      "        [fsdp.fully_shard(norm, mesh=mesh, mp_policy=norm_policy) for norm in norms]"),
     },
     {
+        "title": "FSDP: a unit for every layer in a container",
+        "mistake": "taking every module inside an `nn.Sequential` or `nn.ModuleList` as a unit, single layers "
+                   "included",
+        "symptom": "a stem's and each downsampling layer's few parameters become units of their own, each an "
+                   "all-gather in forward and in backward and a reduce-scatter: convnext_tiny gets 28 units, 10 of "
+                   "them one layer, instead of its 18 blocks",
+        "correct": "the units are the blocks a model repeats (modules built of layers whose class it uses more than "
+                   "once); containers are searched, not taken, and a single layer in one is the root's",
+        "fix": [("fsdp.py", "        return (not isinstance(module, containers) and uses[type(module)] > 1 and")],
+        "guards": ["tests/test_fsdp_units.py::test_a_torchvision_models_units_are_the_blocks_it_repeats[convnext_tiny]"],
+        "mutation": ("fsdp.py", "        return (not isinstance(module, containers) and uses[type(module)] > 1 and\n"
+                                "                any(is_layer(inner) for inner in module.modules() if inner is not module))",
+                     "        return not isinstance(module, containers) and any(True for _ in module.parameters())"),
+    },
+    {
+        "title": "FSDP: tied weights split between units",
+        "mistake": "sharding a module as a unit while it shares a parameter with a module outside it (a read-out "
+                   "tied to the embedding)",
+        "symptom": "torch 2.14: a `ValueError` traceback from every process at the first forward (\"Parameter "
+                   "'readout.weight' is shared with a parameter already managed by another FSDP group\")",
+        "correct": "modules that share a parameter are one unit (`fully_shard` of a list) or all the root's: "
+                   "`find_blocks` leaves such a block to the root, and a unit the section names that splits a tie "
+                   "is one line at start-up",
+        "fix": [("fsdp.py", "        if tied := shares_parameters(model, unit):")],
+        "guards": ["tests/test_fsdp_units.py::test_units_a_section_may_not_return_are_one_line_naming_them[tied]"],
+        "mutation": ("fsdp.py", "        if tied := shares_parameters(model, unit):", "        if tied := None:"),
+    },
+    {
         "title": "FSDP: every process builds the whole model",
         "mistake": "`build_model` in every process, then `fully_shard` (each keeps its slice of its own copy)",
         "symptom": "before the first shard exists a node holds one whole model per process in host memory: "
