@@ -159,7 +159,8 @@ def train(args):
     # [optional: compile]
     if args.compile:
         # In place, before fully_shard: the state dict keys stay the model's own (no "_orig_mod.").
-        model.compile()
+        # Static shapes: split at FSDP's units, symbolic ones crash inductor (docs/fsdp.md).
+        model.compile(dynamic=False)
     # [optional: sync-bn]
     if args.sync_bn:
         if device.type != "cuda":

@@ -15,7 +15,7 @@ import json
 import pytest
 import torch
 
-from conftest import run_ok, weights
+from conftest import check, launch, run_ok, weights
 from test_equivalence import ACCUM, ACCUM_STEPS_PER_RUN, accumulation_run, assert_same_training
 from test_validation import load_script
 
@@ -90,3 +90,17 @@ def test_fsdp_compiled_before_sharding_captures_the_model_and_trains_what_eager_
     for rank in (0, 1):
         assert json.loads((counts_dir / f"rank{rank}.json").read_text())["graphs"] >= 1
     assert_same_training(eager, compiled)  # model.pt's keys too: the plain model's, no "_orig_mod."
+
+
+def test_fsdp_compiles_resnet18_whose_blocks_change_shape_from_stage_to_stage(runs, tmp_path):
+    # FSDP's hooks split the compiled forward at every unit: each residual block's forward is compiled
+    # on its own, again for each stage's shapes. Made symbolic, its backward failed in inductor on CPU
+    # (torch 2.14, "Cannot convert expression to float"): the run must train to the end, compiled.
+    counts_dir = tmp_path / "counts"
+    run = check(launch("tests/count_allreduces.py",
+                       ["--model", "resnet18", "--compile", "--train-samples", "32", "--val-samples", "8", "--batch-size",
+                        "8", "--epochs", "1", "--workers", "0", "--out-dir", str(tmp_path / "out")],
+                       nproc=2, env={"COUNT_SCRIPT": "fsdp.py", "COUNT_DIR": str(counts_dir)}))
+    assert "saved" in run.stdout
+    for rank in (0, 1):
+        assert json.loads((counts_dir / f"rank{rank}.json").read_text())["graphs"] >= 1

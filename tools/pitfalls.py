@@ -677,6 +677,19 @@ PITFALLS = [
         "mutation": ("fsdp.py", "        if tied := shares_parameters(model, unit):", "        if tied := None:"),
     },
     {
+        "title": "FSDP with --compile: a block's forward recompiled with symbolic shapes",
+        "mistake": "`model.compile()` with its default shapes before `fully_shard`",
+        "symptom": "FSDP's hooks split the compiled forward at every unit, so each residual block's forward is "
+                   "compiled again for each stage's shapes; dynamo makes them symbolic and the backward fails in "
+                   "inductor on CPU (resnet18, torch 2.14: \"Cannot convert expression to float\"), a traceback "
+                   "from every process at the first step",
+        "correct": "`model.compile(dynamic=False)`: each shape compiles once (up to dynamo's recompile limit, "
+                   "then the block runs eagerly)",
+        "fix": [("fsdp.py", "        model.compile(dynamic=False)")],
+        "guards": ["tests/test_compile.py::test_fsdp_compiles_resnet18_whose_blocks_change_shape_from_stage_to_stage"],
+        "mutation": ("fsdp.py", "        model.compile(dynamic=False)", "        model.compile()"),
+    },
+    {
         "title": "FSDP: every process builds the whole model",
         "mistake": "`build_model` in every process, then `fully_shard` (each keeps its slice of its own copy)",
         "symptom": "before the first shard exists a node holds one whole model per process in host memory: "
