@@ -589,9 +589,10 @@ def build_model(args, num_outputs):
 
 def shard_units(model):
     """The modules that fsdp.py shards one by one (units), each gathered whole only while it
-    computes; what is in none is the root's, gathered for the whole step. A torchvision model's
-    are the blocks it repeats (find_blocks); a model of your own returns its own (a transformer,
-    its layers), the CNN its convolutions."""
+    computes; what is in none is the root's, gathered from the forward to the backward. A
+    torchvision model's are the blocks it repeats (find_blocks); a model of your own returns its
+    own (a transformer's blocks), the CNN its convolutions. Modules that share a parameter (tied
+    weights) go in one unit together, a list, or in none."""
     if isinstance(model, SmallCNN):
         return [layer for layer in model.features if isinstance(layer, nn.Conv2d)]
     return find_blocks(model)
@@ -901,7 +902,8 @@ def find_blocks(model):
     more than once, not inside one another -- ResNet's residual blocks, a ViT's encoder layers,
     ConvNeXt's and Swin's blocks, MobileNet's. Containers (nn.Sequential, nn.ModuleList,
     nn.ModuleDict, and classes built on them: a stage, a convolution with its norm) are searched,
-    not taken: a block is what they hold. A model with no blocks (an MLP, VGG) gets its layers."""
+    not taken: a block is what they hold. A model with no blocks (an MLP, VGG) gets its layers
+    (the outermost modules holding parameters of their own)."""
     containers = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
     uses = collections.Counter(type(module) for module in model.modules())
 
@@ -912,12 +914,11 @@ def find_blocks(model):
         return (not isinstance(module, containers) and uses[type(module)] > 1 and
                 any(is_layer(inner) for inner in module.modules() if inner is not module))
 
-    def search(module):
+    def search(module, take):
         for child in module.children():
-            yield from [child] if is_block(child) else search(child)
+            yield from [child] if take(child) else search(child, take)
 
-    blocks = list(search(model)) or [module for module in model.modules()
-                                     if module is not model and is_layer(module)]
+    blocks = list(search(model, is_block)) or list(search(model, is_layer))
     # Tied weights are gathered as one: a unit sharing a parameter with the rest is the root's.
     return [block for block in blocks if not shares_parameters(model, [block])]
 
@@ -943,7 +944,8 @@ def check_units(model, units):
     for module in modules:
         if module not in names:
             raise ConfigError(f"shard_units returned a {type(module).__name__} that is not a "
-                              f"module inside the model")
+                              f"module inside the model" + (" but the model itself, the root, "
+                              "which is always the last unit" if module is model else ""))
         outer = next((other for other in modules if other is not module and
                       any(inner is module for inner in other.modules())), None)
         if outer is not None or modules.count(module) > 1:

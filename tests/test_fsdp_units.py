@@ -66,6 +66,13 @@ def test_a_model_without_blocks_gets_its_layers():
     assert fsdp.find_blocks(model) == [model[0], model[2], model[4]]
 
 
+def test_the_layers_a_model_without_blocks_gets_are_the_outermost():
+    # Attention holds parameters of its own (in_proj_weight) and a Linear inside it: one unit, not two
+    # nested ones, which fully_shard could not take.
+    model = nn.ModuleDict({"attention": nn.MultiheadAttention(8, 2), "head": nn.Linear(8, 2)})
+    assert fsdp.find_blocks(model) == [model["attention"], model["head"]]
+
+
 class Block(nn.Module):
     def __init__(self):
         super().__init__()
@@ -108,7 +115,9 @@ def test_tied_weights_modules_are_one_unit_as_a_list():
     (lambda model: [[model.blocks[0], model.readout]], "shard_units returned blocks.0, readout, which shares a "
                                                        "parameter with embedding.weight outside it"),
     (lambda model: [nn.Linear(4, 4)], "shard_units returned a Linear that is not a module inside the model"),
-], ids=["tied", "nested", "twice", "tie-split-in-a-list", "not-in-the-model"])
+    (lambda model: [model], "shard_units returned a Tied that is not a module inside the model but the model "
+                            "itself, the root, which is always the last unit"),
+], ids=["tied", "nested", "twice", "tie-split-in-a-list", "not-in-the-model", "the-root"])
 def test_units_a_section_may_not_return_are_one_line_naming_them(units, message):
     model = Tied()
     with pytest.raises(fsdp.ConfigError) as error:
