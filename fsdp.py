@@ -938,6 +938,8 @@ def check_units(model, units):
     them gathered as one (modules with tied weights, or small blocks together); every module once,
     none inside another, and no unit sharing a parameter with a module outside it (tied weights
     are one tensor: they must be in one unit). Anything else is a ConfigError naming it."""
+    if not isinstance(units, (list, tuple)):  # a forgotten return is None
+        raise ConfigError(f"shard_units returned a {type(units).__name__}, not a list of modules")
     names = {module: name for name, module in model.named_modules() if name}
     units = [list(unit) if isinstance(unit, (list, tuple)) else [unit] for unit in units]
     modules = [module for unit in units for module in unit]

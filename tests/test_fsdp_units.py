@@ -117,7 +117,8 @@ def test_tied_weights_modules_are_one_unit_as_a_list():
     (lambda model: [nn.Linear(4, 4)], "shard_units returned a Linear that is not a module inside the model"),
     (lambda model: [model], "shard_units returned a Tied that is not a module inside the model but the model "
                             "itself, the root, which is always the last unit"),
-], ids=["tied", "nested", "twice", "tie-split-in-a-list", "not-in-the-model", "the-root"])
+    (lambda model: None, "shard_units returned a NoneType, not a list of modules"),  # a forgotten return
+], ids=["tied", "nested", "twice", "tie-split-in-a-list", "not-in-the-model", "the-root", "no-return"])
 def test_units_a_section_may_not_return_are_one_line_naming_them(units, message):
     model = Tied()
     with pytest.raises(fsdp.ConfigError) as error:
