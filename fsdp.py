@@ -207,11 +207,8 @@ def train(args):
     # A resumed run rewrites the records of the epochs its checkpoint has seen, no more.
     # Rank 0 writes; the others wait for its verdict: a write that fails stops every process here.
     rank0_only(rank, write_metrics, metrics_path, state.history)
-    if checkpoint_path is not None:
-        log(f"resumed from {checkpoint_path}: epoch {state.epoch + 1}, step {state.step_in_epoch}")
-    if state.epoch >= args.epochs:
-        log(f"nothing to train: the run already completed {state.epoch} epochs; start afresh with "
-            f"--resume none or another --out-dir (or, with --lr-schedule constant, raise --epochs)")
+    if not log_resume(args, checkpoint_path, state):
+        return 0
     preemption = Preemption()
 
     try:
@@ -1995,6 +1992,21 @@ def write_metrics(path, history):
 def log_recipe(args):
     log(f"optimizer {args.optimizer} | lr {args.lr:g}, schedule {args.lr_schedule} | weight decay "
         f"{args.weight_decay:g}")
+
+
+def log_resume(args, checkpoint_path, state):
+    """Say where a resumed run goes on, or that nothing is left to train. False when --max-steps is
+    reached already: the same command run again (a requeued job) takes no step more, each time."""
+    if checkpoint_path is not None:
+        log(f"resumed from {checkpoint_path}: epoch {state.epoch + 1}, step {state.step_in_epoch}")
+    if state.epoch >= args.epochs:
+        log(f"nothing to train: the run already completed {state.epoch} epochs; start afresh with "
+            f"--resume none or another --out-dir (or, with --lr-schedule constant, raise --epochs)")
+    elif 0 < args.max_steps <= state.global_step:
+        log(f"nothing to train: the run already took {state.global_step} optimizer steps, "
+            f"--max-steps {args.max_steps}; without it (or with a larger one) the run continues")
+        return False
+    return True
 
 
 def log_epoch(record, epochs):

@@ -130,6 +130,19 @@ def test_a_finished_run_started_again_says_so_and_trains_nothing(runs, tmp_path)
     assert "train_loss" not in result.stdout and "step_000000024.pt: epoch 3, step 0" in result.stdout
 
 
+@pytest.mark.parametrize("script", ["ddp_full.py", "fsdp.py"])
+def test_a_run_stopped_by_max_steps_started_again_takes_no_step_more(tmp_path, script):
+    # A requeued job runs its command again: --max-steps already reached trains nothing and
+    # writes nothing, rather than one step and one checkpoint more at every rerun.
+    args = [*TINY, *ARGS, "--max-steps", "2", "--out-dir", str(tmp_path)]
+    check(launch(script, args, nproc=2))
+    before = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "checkpoints").iterdir()}
+    again = check(launch(script, args, nproc=2))
+    assert "nothing to train: the run already took 2 optimizer steps, --max-steps 2" in again.stdout
+    assert [name.split(".")[0] for name in before] == ["step_000000002"]
+    assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "checkpoints").iterdir()} == before
+
+
 @pytest.mark.slow  # a compatibility case: second tier, to keep the first at about 5 minutes
 def test_a_checkpoint_from_before_the_unreadable_count_still_resumes_bitwise(runs, tmp_path):
     # Checkpoints written before the count of unreadable files hold [loss sum, samples] per

@@ -233,6 +233,7 @@ MANIFEST = {
             "restore": "restore",
             "start_or_resume": "restore",
             "stop_run": "stop",
+            "log_resume": "resume",
             "train": [("try:", "stop"), ("sync_bn", "syncbn"), ("bucket", "buckets"), ("Stop", "stop"),
                       ("init_from and checkpoint_path is None", "restore"),
                       ("preemption", "preempt"), ("init_from and checkpoint is None", "resume"),
@@ -253,7 +254,7 @@ MANIFEST = {
                        "find_checkpoint", "agree_on_checkpoint", "restore", "set_rng_state",
                        "start_or_resume", "ResumableDistributedSampler", "Stop", "check_max_steps",
                        "stop_run", "Preemption"},
-        "diff_size": (499, 79),
+        "diff_size": (511, 79),
     },
     "fsdp.py": {
         "concepts": [
