@@ -1666,9 +1666,10 @@ def default_workers(train_set):
 
 # [optional: model check]
 def check_model_fits(args, num_outputs, train_set, val_set):
-    """One sample through the model on the meta device (shapes only: no memory, no arithmetic).
-    A model that cannot take the data (a ViT built for 224-pixel images, fed 32) is a ConfigError
-    here, in one line, rather than a traceback in the first step; so is a data set none of whose
+    """One sample through the model on the meta device (shapes only: no memory, no arithmetic),
+    then the smallest training batch. A model that cannot take the data (a ViT built for 224-pixel
+    images, fed 32; BatchNorm given one value per channel) is a ConfigError here, in one line,
+    rather than a traceback in the first step or at an epoch's end; so is a data set none of whose
     first samples can be read."""
     # A file that cannot be read is skipped in training and validation alike, but a set none of
     # whose first samples can be read is no data set. The model meets a validation sample.
@@ -1682,13 +1683,21 @@ def check_model_fits(args, num_outputs, train_set, val_set):
             model = build_model(args, num_outputs).eval()
     except (RuntimeError, NotImplementedError):
         return  # a model that reads values as it is built: no verdict, the first step will tell
+    # In training, BatchNorm normalises each channel over the batch, which one value (1 sample,
+    # a 1x1 feature map) cannot be: the smallest batch is tried too, an epoch's last of the
+    # samples each process gets (the sampler pads them to one number for all).
+    per_process = math.ceil(len(train_set) / dist.get_world_size())
+    smallest = per_process % args.batch_size or args.batch_size
+    where = ""
     try:
         evaluate_batch(model, to_device(default_collate([sample]), "meta", False))
+        where = f" (a training batch of {smallest}, the smallest: try another --batch-size)"
+        batch_loss(model.train(), to_device(default_collate([sample] * smallest), "meta", False))
     except NotImplementedError:
         return  # an operation with no meta implementation: no verdict, the first step will tell
     except (RuntimeError, ValueError, AssertionError, TypeError, IndexError) as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"the model does not fit the data: {reason}") from None
+        raise ConfigError(f"the model does not fit the data: {reason}{where}") from None
 
 
 def build_on_meta(args, num_outputs):

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 
 import pytest
+import torch
 
 from conftest import TINY, launch, script_traceback
 from test_validation import load_script
@@ -209,6 +210,37 @@ def test_a_model_that_does_not_fit_the_images_is_one_clear_error(tmp_path, capsy
     assert_one_clear_error(result, "single_gpu.py", "the model does not fit the data: "
                                                     "Wrong image height! Expected 224 but got 32!")
     assert "epoch" not in result.stdout
+
+
+# resnet18 fed 32-pixel images ends in a 1x1 feature map: a training batch of 1 sample gives its last
+# BatchNorm one value per channel, which it cannot normalise (a ValueError in the forward).
+BATCHNORM_OF_ONE = ["--model", "resnet18", "--val-samples", "8", "--epochs", "1"]
+BATCH_OF_ONE = "Expected more than 1 value per channel when training"
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_batchnorm_given_training_batches_of_one_is_one_clear_error_before_training(script, tmp_path):
+    result = launch(script, [*TINY, *BATCHNORM_OF_ONE, "--batch-size", "1", "--out-dir", str(tmp_path)])
+    assert_one_clear_error(result, script, f"the model does not fit the data: {BATCH_OF_ONE}")
+    assert "a training batch of 1, the smallest: try another --batch-size" in result.stderr
+    assert "epoch" not in result.stdout
+
+
+def test_an_epochs_last_batch_of_one_sample_per_process_is_found_before_training(tmp_path):
+    # 17 samples over 2 processes: 9 each (the sampler pads), in batches of 4, 4 and 1. Found
+    # after a whole epoch's work, it was a traceback from every process.
+    result = launch("ddp_full.py", [*TINY, *BATCHNORM_OF_ONE, "--train-samples", "17", "--batch-size", "4",
+                                    "--out-dir", str(tmp_path)], nproc=2)
+    assert_one_clear_error(result, "ddp_full.py", f"the model does not fit the data: {BATCH_OF_ONE}")
+    assert "epoch" not in result.stdout
+
+
+def test_dataparallel_checks_the_smallest_share_of_a_batch_a_gpu_gets(tmp_path, capsys, monkeypatch):
+    # CPU stand-in for 4 GPUs: DataParallel splits a batch of 5 as torch.chunk does, 2 + 2 + 1.
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    result = call_main("dataparallel.py", [*TINY, *BATCHNORM_OF_ONE, "--batch-size", "5", "--out-dir",
+                                           str(tmp_path)], capsys)
+    assert_one_clear_error(result, "dataparallel.py", f"the model does not fit the data: {BATCH_OF_ONE}")
 
 
 def reads_values_as_it_is_built(args, num_outputs):

@@ -45,12 +45,14 @@ MANIFEST = {
             ("dataparallel", "nn.DataParallel, and why not",
              "One line wraps the model and splits each batch across all visible GPUs, in one "
              "process. The docstring says why that does not scale; the loader drops a short last "
-             "batch, since a chunk of one sample fails in BatchNorm."),
+             "batch, since a chunk of one sample fails in BatchNorm, and the model check tries a "
+             "GPU's smallest share of a batch."),
         ],
-        "regions": {"docstring": "dataparallel", "build_loaders": "dataparallel", "train": "dataparallel"},
+        "regions": {"docstring": "dataparallel", "build_loaders": "dataparallel", "train": "dataparallel",
+                    "check_model_fits": "dataparallel"},
         "removed": {},
         "flags_added": set(),
-        "diff_size": (28, 7),
+        "diff_size": (32, 9),
     },
     "ddp_basic.py": {
         "concepts": [
@@ -91,6 +93,7 @@ MANIFEST = {
             "rank0_first": "rank0",
             "cleanup_distributed": "group",
             "build_loaders": "shard",
+            "check_model_fits": "shard",
             "train_one_epoch": [("dist.all_reduce", "ddp"), ("get_world_size", "rank0"), ("Rank 0", "rank0"),
                                 ("all processes", "ddp")],
             "train": [("setup_distributed", "group"), ("process group", "group"),
@@ -107,7 +110,7 @@ MANIFEST = {
         "removed": {"get_device": "group"},
         "flags_added": {"--backend", "--local-rank", "--timeout-min"},
         "mechanisms": {"setup_distributed", "cleanup_distributed", "rank0_only", "rank0_first"},
-        "diff_size": (211, 68),
+        "diff_size": (215, 72),
     },
     "ddp_amp_accum.py": {
         "concepts": [

@@ -882,4 +882,19 @@ PITFALLS = [
         "mutation": ("ddp_full.py", '        f"{args.weight_decay:g}")\n',
                      '        f"{args.weight_decay:g} | compile {\'on\' if args.compile else \'off\'}")\n'),
     },
+    {
+        "title": "BatchNorm given a training batch of one sample",
+        "mistake": "a model that ends in a 1x1 feature map (resnet18 fed 32-pixel images) with BatchNorm, and a "
+                   "training batch of 1: `--batch-size 1`, an epoch's last batch of the samples a process gets, "
+                   "or a GPU's share of a DataParallel batch",
+        "symptom": "`ValueError: Expected more than 1 value per channel when training`, a traceback; at an "
+                   "epoch's end, after the epoch's work, from the processes whose last batch holds one sample",
+        "correct": "`check_model_fits` also runs the smallest training batch, in training mode, on the meta "
+                   "device: one `error:` line before anything is trained, naming the batch",
+        "fix": [("ddp_full.py", 'batch_loss(model.train(), to_device(default_collate([sample] * smallest), "meta"')],
+        "guards": ["tests/test_bad_input.py::"
+                   "test_an_epochs_last_batch_of_one_sample_per_process_is_found_before_training"],
+        "mutation": ("ddp_full.py", '        batch_loss(model.train(), to_device(default_collate([sample] * smallest), '
+                                    '"meta", False))\n', ""),
+    },
 ]
