@@ -3,11 +3,13 @@
     python tools/strip_optional.py ddp_full.py > my_trainer.py                # every optional part
     python tools/strip_optional.py ddp_full.py --keep compile > my_trainer.py   # all but compile
 
-The rule, stated under each script's imports: a line that is only the tag goes, with what it
-stands above -- the statement that starts on the next line that is not a comment (a whole `if`,
+The rule, stated in ddp_full.py's and fsdp.py's docstrings with their parts and what each deletion
+gives up (the copier's map): a line that is only the tag goes, with what it stands above -- the
+statement or except clause that starts on the next line that is not a comment (a whole `if`,
 function or class), or, inside a statement (a docstring), the next line; a line that ends in the
-tag goes alone. ddp_full.py and fsdp.py list their parts, and what each deletion gives up, in their
-docstrings (the copier's map); tests/test_copiers_map.py runs what this leaves.
+tag goes alone (a decorator, an argument, an entry of a literal). A tag may name two parts,
+"# [optional: A, B]": what it tags goes when either goes (a part that needs another).
+tests/test_copiers_map.py runs what this leaves.
 """
 import argparse
 import ast
@@ -18,36 +20,42 @@ from pathlib import Path
 TAG = re.compile(r"#\s*\[optional: ([^\]]+)\]\s*$")
 
 
+def tag_names(match):
+    return [name.strip() for name in match.group(1).split(",")]
+
+
 def tags(text):
-    """{NAME: number of tags} in the text."""
+    """{NAME: number of tags naming it} in the text."""
     found = {}
     for line in text.splitlines():
         match = TAG.search(line)
-        if match:
-            found[match.group(1)] = found.get(match.group(1), 0) + 1
+        for name in tag_names(match) if match else []:
+            found[name] = found.get(name, 0) + 1
     return found
 
 
 def strip(text, names=None):
     """The text without the parts tagged with any of `names` (None: every tagged part)."""
     lines = text.splitlines(keepends=True)
-    # Every statement, at any depth, by its first line (a decorator's, for a decorated one).
-    extent = {}
+    # Every statement and except clause, at any depth, by its first line (a decorator's, for a
+    # decorated one).
+    extent, decorators = {}, set()
     for node in ast.walk(ast.parse(text)):
-        if isinstance(node, ast.stmt):
+        if isinstance(node, (ast.stmt, ast.ExceptHandler)):
             first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
             extent.setdefault(first, node.end_lineno)  # ast.walk meets the outer statement first
+            decorators.update(d.lineno for d in getattr(node, "decorator_list", []))
     drop = set()
     for number, line in enumerate(lines, start=1):
         match = TAG.search(line)
-        if not match or names is not None and match.group(1) not in names:
+        if not match or names is not None and not set(tag_names(match)) & set(names):
             continue
         if line.strip() == match.group(0).strip():
             below = number + 1
             while below <= len(lines) and lines[below - 1].lstrip().startswith("#"):
                 below += 1  # the comments that explain the statement go with it
             drop.update(range(number, extent.get(below, below) + 1))
-        elif number in extent:
+        elif number in extent and number not in decorators:
             raise ValueError(f"line {number}: a tag at the end of a statement's first line would "
                              f"delete only that line; put it on a line of its own above")
         else:
