@@ -486,8 +486,10 @@ def build_optimizer(args, model):
 
 
 def lr_factor(args, step, steps_per_epoch):
-    """The learning rate of optimizer step `step` (0, 1, ...) as a fraction of --lr: a linear
-    warm-up while the first, erratic gradients of random weights settle, then cosine decay to 0."""
+    """The learning rate of optimizer step `step` (0, 1, ...) as a fraction of --lr. Cosine: a
+    linear warm-up while the first, erratic gradients of random weights settle, then decay to 0."""
+    if args.lr_schedule == "constant":
+        return 1.0
     warmup = round(args.warmup_epochs * steps_per_epoch)
     if step < warmup:
         return (step + 1) / warmup
@@ -564,8 +566,11 @@ def parse_args(argv=None):
                         help="SGD with momentum, or AdamW")
     parser.add_argument("--lr", type=float, default=None,
                         help="peak learning rate (default: 0.03 with sgd, 1e-3 with adamw)")
+    parser.add_argument("--lr-schedule", choices=["cosine", "constant"], default="cosine",
+                        help="cosine: linear warm-up to --lr, then cosine decay to 0 at the last "
+                             "step; constant: --lr throughout, no warm-up")
     parser.add_argument("--warmup-epochs", type=float, default=1.0,
-                        help="epochs of linear warm-up to --lr, before the cosine decay to 0")
+                        help="epochs of linear warm-up of the cosine schedule")
     parser.add_argument("--weight-decay", type=float, default=None,
                         help="decay of weight matrices and kernels, not of biases and norm "
                              "weights (default: 5e-4 with sgd, 0.05 with adamw)")
@@ -659,7 +664,8 @@ def peak_memory(device):
 
 
 def recipe(args):
-    return f"optimizer {args.optimizer} | lr {args.lr:g} | weight decay {args.weight_decay:g}"
+    return (f"optimizer {args.optimizer} | lr {args.lr:g}, schedule {args.lr_schedule} | "
+            f"weight decay {args.weight_decay:g}")
 
 
 def log_epoch(record, epochs):

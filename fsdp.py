@@ -40,28 +40,28 @@ is only the tag goes with the statement (or except clause) under it, in a docstr
 under it; a line that ends in the tag goes alone. A tag that names two parts goes with either.
 tools/strip_optional.py does it; tests/test_copiers_map.py shows that what is left still trains
 the same weights, resumes bitwise at an epoch's end and validates exactly. What each NAME gives up:
-    init-from        --init-from: fine-tuning from a model.pt, a state dict or pretrained weights
-    compile          --compile: faster steps on GPUs, after a minute or more of compiling
-    sync-bn          --sync-bn: BatchNorm statistics of the global batch
-    recompute        --activation-checkpointing: less activation memory for one more forward
-    hybrid           --replicas: hybrid sharding (HSDP), the gathers kept within a node
-    legacy launcher  python -m torch.distributed.launch (--local-rank)
-    model check      one line, not a traceback at the first step or an epoch's end, for a model
-                     that cannot take the data
-    section check    one line, not a NameError, for a section "your data and model" that lacks
-                     a name the script uses
-    full disk        for a write that fails, one line naming what is intact and exit status 74,
-                     not a traceback (and no partial checkpoint directory left)
-    unreadable files an image that cannot be read is skipped with a warning, not a traceback
-                     that ends the run
-    seeded samples   random augmentation the same whichever process or worker loads a sample:
-                     a resume with augmenting workers, and any world size, trains the same
-    mid-epoch        --ckpt-steps and --max-steps: checkpoints, stops and resumes within an epoch
-                     (on another number of processes too)
-    preemption       SIGTERM: a checkpoint at the next batch and exit status 75 (goes with
-                     mid-epoch)
-    agreement        processes that find different checkpoints (nodes that do not share a disk)
-                     stop with one line instead of training apart
+    init-from         --init-from: fine-tuning from a model.pt, a state dict or pretrained weights
+    compile           --compile: faster steps on GPUs, after a minute or more of compiling
+    sync-bn           --sync-bn: BatchNorm statistics of the global batch
+    recompute         --activation-checkpointing: less activation memory for one more forward
+    hybrid            --replicas: hybrid sharding (HSDP), the gathers kept within a node
+    legacy launcher   python -m torch.distributed.launch (--local-rank)
+    model check       one line, not a traceback at the first step or an epoch's end, for a model
+                      that cannot take the data
+    section check     one line, not a NameError, for a section "your data and model" that lacks
+                      a name the script uses
+    full disk         for a write that fails, one line naming what is intact and exit status 74,
+                      not a traceback (and no partial checkpoint directory left)
+    unreadable files  an image that cannot be read is skipped with a warning, not a traceback
+                      that ends the run
+    seeded samples    random augmentation the same whichever process or worker loads a sample:
+                      a resume with augmenting workers, and any world size, trains the same
+    mid-epoch         --ckpt-steps and --max-steps: checkpoints, stops and resumes within an epoch
+                      (on another number of processes too)
+    preemption        SIGTERM: a checkpoint at the next batch and exit status 75 (goes with
+                      mid-epoch)
+    agreement         processes that find different checkpoints (nodes that do not share a disk)
+                      stop with one line instead of training apart
 """
 import argparse
 import collections
@@ -291,7 +291,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
     start, start_samples = time.perf_counter(), totals[1].item()
     for batch_index, batch in enumerate(loader, start=first_step * args.accum_steps):
         # [optional: unreadable files]
-        batch = report_unreadable(batch, totals, "trained on the next readable sample instead")
+        batch = report_unreadable(batch, totals, "trained on the next readable sample in its place")
         batch = to_device(batch, device, args.channels_last)
         # Micro-batches form groups of accum_steps; the epoch's last group may be shorter.
         group_start = batch_index - batch_index % args.accum_steps
@@ -308,54 +308,55 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
         # A sum weighted by batch size, so a short last batch counts for what it holds.
         totals[0] += loss.detach().double() * count
         totals[1] += count
-        if last_in_group:
-            grad_norm = None
-            if args.clip_grad_norm > 0:
-                # Clip true gradients: unscale_ first divides out fp16's loss scale (once a step).
-                scaler.unscale_(optimizer)
-                # The norm before clipping, for the progress line: a rising norm warns of trouble.
-                # Over sharded gradients (DTensors) it is the global norm, every shard's share
-                # all-reduced: the same on every process.
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
-            # With fp16, step() skips the update when a gradient overflowed and update() adapts the
-            # scale; without a scaler (none, bf16) they are a plain optimizer.step() and nothing.
-            scaler.step(optimizer)
-            scaler.update()
-            # The rate this step used, for the progress line; then the schedule moves one step on:
-            # once per optimizer step, not per micro-batch.
-            lr = scheduler.get_last_lr()[0]
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            step = batch_index // args.accum_steps + 1
-            # `state` follows every optimizer step: a checkpoint holds the last one.
-            state.step_in_epoch, state.global_step = step, state.global_step + 1
-            state.train_totals, state.rng = totals.clone(), rng_state()
-            state.train_seconds = start_seconds + time.perf_counter() - start
-            state.epoch_position = first_position + ((step - first_step) * args.accum_steps *
-                                                     args.batch_size * world_size)
-            if step % args.log_interval == 0 or step == num_steps:
-                samples = totals[1].item()  # waits for the GPU: the clock is read after it
-                elapsed = time.perf_counter() - start
-                # full_tensor() is a collective: every process builds the line, rank 0 prints it.
-                norm = "" if grad_norm is None else \
-                    f" | grad norm {grad_norm.full_tensor().item():.3g}"
-                # Rank 0's own loss, and its throughput times the number of processes.
-                log(f"epoch {state.epoch + 1}/{args.epochs} step {step}/{num_steps} "
-                    f"loss {totals[0].item() / samples:.4f} | lr {lr:.6g}{norm} | "
-                    f"{(samples - start_samples) * world_size / elapsed:.0f} samples/s"
-                    f"{peak_memory(device)} | "
-                    f"eta {format_seconds(elapsed / (step - first_step) * (num_steps - step))}")
-            # [optional: mid-epoch]
-            # Mid-epoch only: at the epoch's end validation and the epoch's checkpoint come first.
-            if step < num_steps and 0 < args.max_steps <= state.global_step:
-                return None
-            # [optional: mid-epoch]
-            if step < num_steps and args.ckpt_steps and state.global_step % args.ckpt_steps == 0:
-                save_checkpoint(args, model, optimizer, scheduler, scaler, state)
         # [optional: preemption, mid-epoch]
-        # Mid-group, a stop goes back to the group's start, which `state` still describes.
+        # A stop goes back to the last optimizer step, which `state` still describes.
         if PREEMPTION.stop_agreed():
             return None
+        if not last_in_group:
+            continue
+        grad_norm = None
+        if args.clip_grad_norm > 0:
+            # Clip true gradients: unscale_ first divides out fp16's loss scale (once a step).
+            scaler.unscale_(optimizer)
+            # The norm before clipping, for the progress line: a rising norm warns of trouble.
+            # Over sharded gradients (DTensors) it is the global norm, every shard's share
+            # all-reduced: the same on every process.
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
+        # With fp16, step() skips the update when a gradient overflowed and update() adapts the
+        # scale; without a scaler (none, bf16) they are a plain optimizer.step() and nothing.
+        scaler.step(optimizer)
+        scaler.update()
+        # The rate this step used, for the progress line; then the schedule moves one step on:
+        # once per optimizer step, not per micro-batch.
+        lr = scheduler.get_last_lr()[0]
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step = batch_index // args.accum_steps + 1
+        # `state` follows every optimizer step: a checkpoint holds the last one.
+        state.step_in_epoch, state.global_step = step, state.global_step + 1
+        state.train_totals, state.rng = totals.clone(), rng_state()
+        state.train_seconds = start_seconds + time.perf_counter() - start
+        state.epoch_position = first_position + ((step - first_step) * args.accum_steps *
+                                                 args.batch_size * world_size)
+        if step % args.log_interval == 0 or step == num_steps:
+            samples = totals[1].item()  # waits for the GPU: the clock is read after it
+            elapsed = time.perf_counter() - start
+            # full_tensor() is a collective: every process builds the line, rank 0 prints it.
+            norm = "" if grad_norm is None else \
+                f" | grad norm {grad_norm.full_tensor().item():.3g}"
+            # Rank 0's own loss, and its throughput times the number of processes.
+            log(f"epoch {state.epoch + 1}/{args.epochs} step {step}/{num_steps} "
+                f"loss {totals[0].item() / samples:.4f} | lr {lr:.6g}{norm} | "
+                f"{(samples - start_samples) * world_size / elapsed:.0f} samples/s"
+                f"{peak_memory(device)} | "
+                f"eta {format_seconds(elapsed / (step - first_step) * (num_steps - step))}")
+        # [optional: mid-epoch]
+        # Mid-epoch only: at the epoch's end validation and the epoch's checkpoint come first.
+        if step < num_steps and 0 < args.max_steps <= state.global_step:
+            return None
+        # [optional: mid-epoch]
+        if step < num_steps and args.ckpt_steps and state.global_step % args.ckpt_steps == 0:
+            save_checkpoint(args, model, optimizer, scheduler, scaler, state)
     # One all-reduce after the loop turns per-process sums into global ones.
     epoch_totals = totals.clone()
     dist.all_reduce(epoch_totals)
@@ -428,10 +429,9 @@ def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds, lr
 
 
 # --- your data and model ------------------------------------------------------------------------
-# The one section to edit to train something else: the task's flags, data sets and model (and the
-# pretrained weights it may start from), what a batch costs (the loss) and scores (the metrics).
-# Nothing outside it knows about images, classes or these flags (tests/test_seam.py swaps in
-# another task to prove it).
+# The one section to edit to train something else: the task's flags, data sets and model, what a
+# batch costs (the loss) and scores (the metrics). Nothing outside it knows about images, classes
+# or these flags (tests/test_seam.py swaps in another task to prove it).
 
 SYNTHETIC_DEFAULTS = {"train": 4096, "val": 1000}
 NUM_SYNTHETIC_CLASSES = 10
@@ -1094,8 +1094,8 @@ def build_optimizer(args, model):
 
 
 def lr_factor(args, step, steps_per_epoch):
-    """The learning rate of optimizer step `step` (0, 1, ...) as a fraction of --lr: a linear
-    warm-up while the first, erratic gradients of random weights settle, then cosine decay to 0."""
+    """The learning rate of optimizer step `step` (0, 1, ...) as a fraction of --lr. Cosine: a
+    linear warm-up while the first, erratic gradients of random weights settle, then decay to 0."""
     if args.lr_schedule == "constant":
         return 1.0
     warmup = round(args.warmup_epochs * steps_per_epoch)
@@ -1710,7 +1710,7 @@ def what_is_intact(args):
     """After a write that failed: what the same command, run again, starts from."""
     newest = list_checkpoints(Path(args.out_dir) / "checkpoints")[:1]
     start = f"the newest complete checkpoint is {newest[0]}" if newest else "no checkpoint yet"
-    return f"{start}: free some space, then run the same command again"
+    return f"{start}: fix that, then run the same command again"
 
 
 def write_metrics(path, history):
@@ -1780,8 +1780,12 @@ def parse_args(argv=None):
                         help="SGD with momentum, or AdamW")
     parser.add_argument("--lr", type=float, default=None,
                         help="peak learning rate (default: 0.03 with sgd, 1e-3 with adamw)")
+    parser.add_argument("--lr-schedule", choices=["cosine", "constant"], default="cosine",
+                        help="cosine: linear warm-up to --lr, then cosine decay to 0 at the last "
+                             "step; constant: --lr throughout, no warm-up (a resume may then "
+                             "change --epochs)")
     parser.add_argument("--warmup-epochs", type=float, default=1.0,
-                        help="epochs of linear warm-up to --lr, before the cosine decay to 0")
+                        help="epochs of linear warm-up of the cosine schedule")
     parser.add_argument("--weight-decay", type=float, default=None,
                         help="decay of weight matrices and kernels, not of biases and norm "
                              "weights (default: 5e-4 with sgd, 0.05 with adamw)")
@@ -1792,10 +1796,6 @@ def parse_args(argv=None):
     parser.add_argument("--out-dir", default=None, help="output folder (default: runs/<script>)")
     parser.add_argument("--log-interval", type=int, default=20,
                         help="optimizer steps between progress lines")
-    parser.add_argument("--lr-schedule", choices=["cosine", "constant"], default="cosine",
-                        help="cosine: linear warm-up to --lr, then cosine decay to 0 at the last "
-                             "step; constant: --lr throughout, no warm-up (a resume may then "
-                             "change --epochs)")
     parser.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=True,
                         help="CUDA: float32 matmuls and convolutions on tensor cores (TF32)")
     parser.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction, default=True,
@@ -1936,7 +1936,8 @@ def peak_memory(device):
 
 
 def recipe(args):
-    return f"optimizer {args.optimizer} | lr {args.lr:g} | weight decay {args.weight_decay:g}"
+    return (f"optimizer {args.optimizer} | lr {args.lr:g}, schedule {args.lr_schedule} | "
+            f"weight decay {args.weight_decay:g}")
 
 
 def log_resume(args, checkpoint_path, state):

@@ -3,15 +3,23 @@
     MISSING_RANK=1 MISSING_DIR=/data/train torchrun --nproc_per_node=2 tests/missing_on_one_rank.py SCRIPT ARGS
 
 A CPU stand-in for a node whose disk lacks what the others have: in the process of rank
-MISSING_RANK, os.path.isdir says no for MISSING_DIR; every other process sees it as it is.
+MISSING_RANK, listing MISSING_DIR (os.scandir, as torchvision's ImageFolder does) finds no such
+directory; every other process sees it as it is.
 """
+import errno
 import os
 import runpy
 import sys
 
 if os.environ.get("RANK") == os.environ["MISSING_RANK"]:
-    isdir, missing = os.path.isdir, os.path.abspath(os.environ["MISSING_DIR"])
-    os.path.isdir = lambda path: os.path.abspath(path) != missing and isdir(path)
+    scandir, missing = os.scandir, os.path.abspath(os.environ["MISSING_DIR"])
+
+    def scandir_without_missing(path="."):
+        if os.path.abspath(path) == missing:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+        return scandir(path)
+
+    os.scandir = scandir_without_missing
 script = sys.argv.pop(1)
 sys.argv[0] = script
 runpy.run_path(script, run_name="__main__")

@@ -6,9 +6,9 @@ its batch goes to. Augmentation drawn from those generators made a resume inexac
 boundary, and made the crop a sample gets depend on --workers and the world size. SeededSamples
 seeds each sample's draws from its key instead. On the generated image tree (random crops and
 flips, 24 training images): a resume with --workers 2 is bitwise, mid-epoch and at an epoch
-boundary; one process on the global batch trains what ddp_full trains on 2 processes, with 0 and
-2 workers, within test_equivalence.py's WEIGHT_ATOL (the same samples, augmented alike; only the
-float sums split differently).
+boundary; one process on the global batch trains what 2 processes train, with 0 and 2 workers,
+within test_equivalence.py's WEIGHT_ATOL (the same samples, augmented alike; only the float sums
+split differently). SeededSamples is ddp_full.py's (and fsdp.py's): the machinery of long runs.
 """
 import random
 
@@ -30,8 +30,7 @@ def epoch_of_batches(script, image_tree, workers, epoch=1):
     args = module.parse_args(["--data", "imagefolder", "--data-dir", str(image_tree), "--image-size", "16",
                               "--batch-size", "4", "--workers", str(workers)])
     train_set, val_set, _ = module.build_datasets(args)
-    loader, _ = module.build_loaders(args, train_set, val_set, torch.device("cpu"))
-    loader.sampler.generator.manual_seed(args.seed + epoch)
+    loader, _ = module.build_loaders(args, train_set, val_set, torch.device("cpu"), rank=0, world_size=1)
     loader.sampler.set_epoch(epoch)
     return [images for (images, _), _unreadable in loader]
 
@@ -39,20 +38,20 @@ def epoch_of_batches(script, image_tree, workers, epoch=1):
 # 3 workers on a 2-core machine: DataLoader warns, and the test means it.
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
 def test_the_same_sample_gets_the_same_augmentation_with_0_1_and_3_workers(image_tree):
-    by_workers = {workers: epoch_of_batches("single_gpu.py", image_tree, workers) for workers in (0, 1, 3)}
+    by_workers = {workers: epoch_of_batches("ddp_full.py", image_tree, workers) for workers in (0, 1, 3)}
     for workers in (1, 3):
         assert len(by_workers[workers]) == len(by_workers[0]) == 6
         assert all(torch.equal(a, b) for a, b in zip(by_workers[0], by_workers[workers])), workers
 
 
 def test_a_sample_is_augmented_anew_each_epoch_and_leaves_the_global_generators_alone(image_tree):
-    module = load_script("single_gpu.py")
+    module = load_script("ddp_full.py")
     args = module.parse_args(["--data", "imagefolder", "--data-dir", str(image_tree), "--image-size", "16"])
     train_set, _, _ = module.build_datasets(args)
     seeded = module.SeededSamples(train_set, args.seed)
     torch_state, python_state = torch.get_rng_state(), random.getstate()
-    # An item is ((image, label), unreadable files).
-    first, again, next_epoch = seeded[(1, 5)][0][0], seeded[(1, 5)][0][0], seeded[(2, 5)][0][0]
+    # An item is (image, label).
+    first, again, next_epoch = seeded[(1, 5)][0], seeded[(1, 5)][0], seeded[(2, 5)][0]
     assert torch.equal(first, again) and not torch.equal(first, next_epoch)
     assert torch.equal(torch.get_rng_state(), torch_state) and random.getstate() == python_state
 
@@ -73,7 +72,7 @@ def test_resume_with_augmenting_workers_is_bitwise_mid_epoch_and_at_an_epoch_bou
 @pytest.mark.parametrize("workers", [0, 2])
 def test_one_process_on_the_global_batch_equals_ddp_full_on_2_with_augmentation(runs, image_tree, workers):
     args = image_args(image_tree, workers)
-    single = runs.get(f"imagefolder_single8_workers{workers}", "single_gpu.py", [*args, "--batch-size", "8"])
+    single = runs.get(f"imagefolder_w1_workers{workers}", "ddp_full.py", [*args, "--batch-size", "8"])
     ddp = runs.get(f"imagefolder_w2_workers{workers}", "ddp_full.py", args, nproc=2)
     assert_same_training(single, ddp)
 

@@ -1,15 +1,16 @@
 """The copier's map cannot rot: every part it says a copier may delete can be deleted.
 
-Each script tags its optional parts "# [optional: NAME]" (the note under its imports says how a tag
-reads); tools/strip_optional.py deletes them. ddp_full.py and fsdp.py, the files users copy, list
-the parts and what each deletion gives up in their docstrings. The stripped copy -- every part
-deleted -- must train what the full script trains, bitwise (the same arithmetic on the same samples,
-so a deleted part that took part in the default run would show), resume bitwise mid-epoch, and
-validate exactly: its validation metrics are the full script's, which tests/test_validation.py
-proves equal to one process scoring the whole set.
+ddp_full.py and fsdp.py, the files users copy, tag their optional parts "# [optional: NAME]" and list
+them, with what each deletion gives up, in their docstrings (the copier's map); tools/strip_optional.py
+deletes them. The stripped copy -- every part deleted -- must train what the full script trains,
+bitwise (the same arithmetic on the same samples, so a deleted part that took part in the default
+run would show), resume bitwise from the checkpoint of an epoch's end, and validate exactly: its
+validation metrics are the full script's, which tests/test_validation.py proves equal to one process
+scoring the whole set.
 """
 import ast
 import re
+import shutil
 import sys
 
 import pytest
@@ -22,7 +23,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import ladder  # noqa: E402
 import strip_optional  # noqa: E402
 
-MAPPED = ["ddp_full.py", "fsdp.py"]
+MAPPED = ["ddp_full.py", "fsdp.py"]  # the files users copy
 # A line of the map: four spaces, the NAME (one or two words), two spaces or more, what it gives up.
 MAP_LINE = re.compile(r"^    (\S+(?: \S+)?)  +\S")
 
@@ -38,11 +39,18 @@ def test_the_map_lists_every_tagged_part_and_nothing_else(script):
     assert sorted(map_names(text)) == sorted(strip_optional.tags(text))
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
+def test_only_the_scripts_users_copy_carry_a_map():
+    # Steps 1-4 are lessons read whole: nothing in them is optional.
+    assert {script for script in SCRIPTS if strip_optional.tags(ladder.read(script, ROOT))} == set(MAPPED)
+
+
+@pytest.mark.parametrize("script", MAPPED)
 def test_each_part_deletes_alone_and_the_rest_reads_nothing_it_defined(script):
     text = ladder.read(script, ROOT)
     defined = lambda source: {node.name for node in ast.parse(source).body
-                              if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+                              if isinstance(node, (ast.FunctionDef, ast.ClassDef))} | \
+        {target.id for node in ast.parse(source).body if isinstance(node, ast.Assign)
+         for target in node.targets if isinstance(target, ast.Name)}
     used = lambda source: {node.id for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Name)}
     for part in [*strip_optional.tags(text), None]:  # each part alone, then all of them
         stripped = strip_optional.strip(text, None if part is None else {part})
@@ -67,9 +75,14 @@ def test_the_stripped_copy_trains_resumes_and_validates_as_the_full_script(scrip
     straight = tmp_path / "straight"
     check(launch(str(copy), [*TINY, *ARGS, "--out-dir", str(straight)], nproc=2))
     assert_bitwise_equal(reference, straight)
-    # Stopped mid-epoch 1 (step 5 of 12), then resumed by the same command.
+    # A run that crashed in epoch 2, its last checkpoint the end of epoch 1's (step 12 of 24): the
+    # straight run's files as they were then. The same command resumes it.
     resumed = tmp_path / "resumed"
-    first = check(launch(str(copy), [*TINY, *ARGS, "--max-steps", "5", "--out-dir", str(resumed)], nproc=2))
-    assert "stopped after --max-steps 5" in first.stdout
-    check(launch(str(copy), [*TINY, *ARGS, "--out-dir", str(resumed)], nproc=2))
+    shutil.copytree(straight, resumed)
+    (resumed / "model.pt").unlink()
+    for path in (resumed / "checkpoints").iterdir():
+        if not path.name.startswith("step_000000012"):
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    second = check(launch(str(copy), [*TINY, *ARGS, "--out-dir", str(resumed)], nproc=2))
+    assert "step_000000012" in second.stdout and "epoch 2, step 0" in second.stdout, second.stdout
     assert_bitwise_equal(reference, resumed)

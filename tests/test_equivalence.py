@@ -17,13 +17,16 @@ from conftest import TRAIN_SAMPLES, max_weight_difference, metrics, run_ok, weig
 from test_resume import FP16_ACCUM  # the same arguments, so the shared run cache serves both files
 
 WEIGHT_ATOL = 1e-5
-# 4 processes x 4 against 1 x 16, on an AMD EPYC: 1.33e-5 in features.6 (330 of its 36,864 weights
-# over 1e-6, its median 1.9e-9), the same with the scripts of before and after issue 25, bitwise.
-# That is not one ulp a step but a discrete event: a ReLU or max-pool tie in one sample that the
-# other rounding of 4-sample sums breaks the other way (torch-gloo-facts.md saw 1.6e-4 from one).
-# The Intel machines measured 3.2e-7. 1e-4 keeps a 300x margin below the smallest weight error a
-# pitfall makes here (the per-process batch mistake: 0.0326).
-WORLD_OF_4_WEIGHT_ATOL = 1e-4
+# A ReLU or max-pool tie that the other rounding of another batch split breaks the other way: not one
+# ulp a step but a discrete event in one sample's gradient (torch-gloo-facts.md saw 1.6e-4 from one).
+# Measured on the CNN: 1 x 16 against 2 x 8 in PyTorch's default (contiguous) layout, 1.33e-5 in
+# features.6 (291 of its 36,864 weights over 1e-6, its median 1.9e-9), while 4 x 4 stayed within
+# 8.2e-8 of 1 x 16; in the channels-last layout the same 1 x 16 and 2 x 8 runs stay within 8.1e-8;
+# and the EPYC's 4 x 4 against 1 x 16 in channels-last met the same 1.33e-5 event. Which runs meet it
+# depends on the kernels, so every comparison of one process with several allows it. 1e-4 keeps a
+# 300x margin below the smallest weight error a pitfall makes here (the per-process batch mistake:
+# 0.0326).
+TIE_WEIGHT_ATOL = 1e-4
 LOSS_ATOL = 1e-6  # per-epoch mean losses: measured differences <= 7.4e-8
 GLOBAL_BATCH = 16
 
@@ -47,7 +50,7 @@ def test_dataparallel_is_bitwise_single_gpu_on_cpu(runs):
 def test_ddp_on_2_processes_matches_one_process_on_the_global_batch(runs):
     single = runs.get("single16", "single_gpu.py", ["--batch-size", str(GLOBAL_BATCH)])
     ddp = runs.get("basic_w2", "ddp_basic.py", ["--batch-size", str(GLOBAL_BATCH // 2)], nproc=2)
-    assert_same_training(single, ddp)
+    assert_same_training(single, ddp, atol=TIE_WEIGHT_ATOL)
 
 
 def test_ddp_weights_do_not_depend_on_world_size(runs):
@@ -55,8 +58,8 @@ def test_ddp_weights_do_not_depend_on_world_size(runs):
     w1 = runs.get("basic_w1", "ddp_basic.py", ["--batch-size", "16"], nproc=1)
     w2 = runs.get("basic_w2", "ddp_basic.py", ["--batch-size", "8"], nproc=2)
     w4 = runs.get("basic_w4", "ddp_basic.py", ["--batch-size", "4"], nproc=4)
-    assert_same_training(w1, w2)
-    assert_same_training(w1, w4, atol=WORLD_OF_4_WEIGHT_ATOL)
+    assert_same_training(w1, w2, atol=TIE_WEIGHT_ATOL)
+    assert_same_training(w1, w4, atol=TIE_WEIGHT_ATOL)
 
 
 def test_ddp_world_of_one_under_torchrun_is_bitwise_single_gpu(runs):

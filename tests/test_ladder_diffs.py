@@ -113,8 +113,9 @@ GUARD_MUTATIONS = {
     "a renamed flag": ("ddp_amp_accum.py", '"--batch-size"', '"--batch"', "flag --batch-size disappeared"),
     "a changed default": ("ddp_basic.py", 'default=1.0,', 'default=2.0,', "flag --warmup-epochs changed"),
     "a stray print in an undeclared region": (
-        "ddp_amp_accum.py", '    return TensorDataset(images, labels)',
-        '    print("debug", images.shape)\n    return TensorDataset(images, labels)', "region 'make_synthetic'"),
+        "ddp_amp_accum.py", '    return TensorDataset(0.4 * patterns[labels] + noise, labels)',
+        '    print("debug", noise.shape)\n    return TensorDataset(0.4 * patterns[labels] + noise, labels)',
+        "region 'make_synthetic'"),
     "a changed comment": ("ddp_amp_accum.py", "# Page-locked host memory", "# Pinned host memory",
                           "region 'build_loaders'"),
 }

@@ -168,7 +168,7 @@ def test_init_from_takes_a_state_dict_saved_from_a_wrapper(runs, tmp_path, prefi
     single = runs.get("single16", "single_gpu.py", ["--batch-size", "16"])
     plain = weights(single)
     torch.save({prefix + key: value for key, value in plain.items()}, tmp_path / "wrapped.pt")
-    module = load_script("single_gpu.py")
+    module = load_script("ddp_full.py")
     args = module.parse_args(["--init-from", str(tmp_path / "wrapped.pt")])
     model = module.build_model(args, module.NUM_SYNTHETIC_CLASSES)
     module.init_weights_from(args, model)
@@ -180,7 +180,7 @@ def test_pretrained_weights_come_from_torch_cache_with_a_fresh_classifier(tmp_pa
     # as in the weights' URL under <torch hub dir>/checkpoints, for 1000 ImageNet classes.
     import torchvision
 
-    module = load_script("single_gpu.py")
+    module = load_script("ddp_full.py")
     monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path))
     args = module.parse_args(["--model", "resnet18", "--init-from", "pretrained"])
     with pytest.raises(module.ConfigError, match="weights are not in .*: fetch them once"):

@@ -7,6 +7,7 @@ from conftest import ROOT
 from test_validation import load_script
 
 SCRIPTS = ["single_gpu.py", "dataparallel.py", "ddp_basic.py", "ddp_amp_accum.py", "ddp_full.py", "fsdp.py"]
+MAPPED = ["ddp_full.py", "fsdp.py"]  # the scripts with the machinery of long runs, full-disk writes among it
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -24,7 +25,7 @@ class FailsHalfway:
         raise pickle.PicklingError("boom")
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("script", MAPPED)
 def test_atomic_save_leaves_the_old_file_whole_when_a_write_fails(script, tmp_path):
     module = load_script(script)
     target = tmp_path / "model.pt"
@@ -66,12 +67,14 @@ def test_train_the_hub_that_calls_everything_stays_readable(script):
     assert train.end_lineno - train.lineno + 1 <= 120
 
 
-# How a script is laid out (README, "How to read a script"): the program a step teaches first,
+# How a script is laid out (README, "How a script is laid out"): the program a step teaches first,
 # then the machinery it needs, each section of which says what it is for and that a first reading
-# may skip it. The same sections in the same order in every script; a step's own concept adds one.
+# may skip it. The same sections in the same order in every script; a step's own concept adds one:
+# the processes at step 3, checkpoints, samples and the model check at step 5, sharding at step 6.
 LESSON = ["main", "train/eval", "your data and model", "distributed", "sharding", "data loading",
           "optimizer and schedule", "checkpointing"]
-MACHINERY = ["device", "writing files", "samples", "model", "config", "logging"]
+MACHINERY = ["samples", "model", "machinery"]
+CONCEPT_ONLY = {"distributed": 2, "sharding": 5, "checkpointing": 4, "samples": 4, "model": 4}  # first index
 SKIP = "# Skip on a first reading: "
 
 
@@ -86,10 +89,10 @@ def sections(script):
 def test_the_program_comes_first_then_the_machinery_each_section_marked(script):
     found = sections(script)
     titles = [title for title, _ in found]
-    concept_only = {"distributed", "sharding", "checkpointing"}  # DDP from step 3, checkpoints from 5, FSDP at 6
-    assert set(LESSON + MACHINERY) - concept_only <= set(titles), "a section of the skeleton is missing"
-    assert titles == [title for title in LESSON + MACHINERY if title in titles], titles
-    assert [title for title, marked in found if marked] == MACHINERY
+    expected = [title for title in LESSON + MACHINERY
+                if SCRIPTS.index(script) >= CONCEPT_ONLY.get(title, 0)]
+    assert titles == expected, titles
+    assert [title for title, marked in found if marked] == [t for t in MACHINERY if t in titles]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

@@ -3,10 +3,11 @@ goes on: nothing is lost, and every exactness promise still holds.
 
 The generated image tree with one training PNG truncated to 40 bytes (what a broken copy leaves;
 PIL cannot identify it), another whose second image-data chunk has a garbled type (PIL opens it,
-then raises SyntaxError "broken PNG file" as it decodes), and one validation PNG emptied. In training, SeededSamples gives an unreadable sample's place to the
-next readable one in index order, loaded with the key's seed: the same choice in every process,
-worker and resume, so one process on the global batch still trains what ddp_full trains on 2
-(test_equivalence.py's tolerances). In validation the sample is left out, never replaced (a stand-in
+then raises SyntaxError "broken PNG file" as it decodes), and one validation PNG emptied (ddp_full.py,
+where unreadable files are handled). In training, ReadableSamples gives an unreadable sample's place
+to the next readable one in index order, loaded with the key's seed (SeededSamples): the same choice
+in every process, worker and resume, so ddp_full as a world of one on the global batch still trains
+what it trains on 2 (test_equivalence.py's tolerances). In validation the sample is left out, never replaced (a stand-in
 would count another sample twice): 8 of 9 images scored. Both are counted in metrics.jsonl
 (train_unreadable, val_unreadable) and on the epoch line.
 """
@@ -71,19 +72,17 @@ def warnings_naming(result, parts):
 def test_an_unreadable_image_is_named_skipped_and_counted_and_ddp_still_equals_one_process(
         broken_tree, tmp_path, workers):
     args = broken_args(broken_tree, workers)
-    single = check(launch("single_gpu.py", [*args, "--batch-size", "8", "--out-dir", str(tmp_path / "single")]))
+    single = check(launch("ddp_full.py", [*args, "--batch-size", "8", "--out-dir", str(tmp_path / "single")]))
     ddp = check(launch("ddp_full.py", [*args, "--out-dir", str(tmp_path / "ddp")], nproc=2))
-    for result, script in ((single, "single_gpu.py"), (ddp, "ddp_full.py")):
-        assert script_traceback(result, script) == []
-        # Once an epoch each (2 epochs), from the one process whose shard holds the file; a DDP
-        # script's line names that process.
+    for result in (single, ddp):
+        assert script_traceback(result, "ddp_full.py") == []
+        # Once an epoch each (2 epochs), from the one process whose shard holds the file, named.
         for parts, outcome in ((TRAIN_BROKEN, "trained on the next readable sample in its place"),
                                (TRAIN_GARBLED, "trained on the next readable sample in its place"),
                                (VAL_BROKEN, "left out of validation")):
             lines = warnings_naming(result, parts)
             assert len(lines) == 2 and all(line.endswith(outcome) for line in lines), result.stderr
-            if script == "ddp_full.py":
-                assert all(re.match(r"ddp_full\.py: warning: rank [01]: cannot read ", line) for line in lines), lines
+            assert all(re.match(r"ddp_full\.py: warning: rank [01]: cannot read ", line) for line in lines), lines
         assert "broken PNG file" in warnings_naming(result, TRAIN_GARBLED)[0]  # PIL's SyntaxError
         assert result.stdout.count("unreadable files skipped: 3") == 2
     for record in metrics(tmp_path / "single") + metrics(tmp_path / "ddp"):
@@ -106,9 +105,9 @@ def test_a_data_set_none_of_whose_first_images_can_be_read_is_one_error_line(ima
     shutil.copytree(image_tree, tree)
     for image in tree.rglob("*.png"):
         image.write_bytes(b"")
-    result = launch("single_gpu.py", [*broken_args(tree, 0), "--out-dir", str(tmp_path / "out")])
+    result = launch("ddp_full.py", [*broken_args(tree, 0), "--out-dir", str(tmp_path / "out")])
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and "the data cannot be read: 17 samples in a row cannot be read" in errors[0], \
         result.stderr
-    assert script_traceback(result, "single_gpu.py") == []
+    assert script_traceback(result, "ddp_full.py") == []

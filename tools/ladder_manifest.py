@@ -45,14 +45,12 @@ MANIFEST = {
             ("dataparallel", "nn.DataParallel, and why not",
              "One line wraps the model and splits each batch across all visible GPUs, in one "
              "process. The docstring says why that does not scale; the loader drops a short last "
-             "batch, since a chunk of one sample fails in BatchNorm, and the model check tries a "
-             "GPU's smallest share of a batch."),
+             "batch, since a chunk of one sample fails in BatchNorm."),
         ],
-        "regions": {"docstring": "dataparallel", "build_loaders": "dataparallel", "train": "dataparallel",
-                    "check_model_fits": "dataparallel"},
+        "regions": {"docstring": "dataparallel", "build_loaders": "dataparallel", "train": "dataparallel"},
         "removed": {},
         "flags_added": set(),
-        "diff_size": (32, 9),
+        "diff_size": (26, 7),
     },
     "ddp_basic.py": {
         "concepts": [
@@ -64,16 +62,18 @@ MANIFEST = {
             ("shard", "Every process reads its own shard",
              "DistributedSampler gives each process every world_size-th sample of one shared "
              "shuffle, so together they read what one process would. set_epoch makes every epoch "
-             "shuffle anew."),
+             "shuffle anew. The processes of a node share its CPUs: each gets its share of loader "
+             "workers."),
             ("ddp", "DDP averages the gradients",
              "Wrapped in DDP, every copy of the model starts from rank 0's weights and gets the "
              "average gradient in backward, so all copies take the same step. The global batch is "
              "the per-process batch times the world size."),
-            ("rank0", "Rank 0 speaks, writes and validates",
+            ("rank0", "Rank 0 speaks, writes and validates; one process's error is its own line",
              "Every process runs every line; only rank 0 prints, writes files and validates, "
              "through model.module. A bad input found on rank 0 reaches the others through a "
-             "collective, so none waits for a peer that has exited. Rank 0 alone reads "
-             "--init-from's weights: DDP hands them to the others."),
+             "collective, so none waits for a peer that has exited; an error that one process meets "
+             "alone (a GPU it cannot see, data its node lacks) is that process's line, naming its "
+             "rank."),
             ("compile", "torch.compile under DDP",
              "--compile compiles the model in place before DDP wraps it. Dynamo skips torch.nn's "
              "own code, DDP's forward among it: a compiled wrapper compiles only what DDP calls, "
@@ -86,41 +86,39 @@ MANIFEST = {
             "imports": "top",
             "parse_args": "group",
             "POSITIVE": "group",
+            "ConfigError": "rank0",
             "log": "rank0",
-            "warn": "rank0",
             "setup_distributed": "group",
             "rank0_only": "rank0",
             "rank0_first": "rank0",
             "cleanup_distributed": "group",
             "build_loaders": "shard",
-            "check_model_fits": "shard",
             "train_one_epoch": [("dist.all_reduce", "ddp"), ("get_world_size", "rank0"), ("Rank 0", "rank0"),
                                 ("all processes", "ddp")],
             "train": [("setup_distributed", "group"), ("process group", "group"),
                       ("rank0_first", "rank0"),
                       ("build_loaders(args, train_set, val_set, device, rank", "shard"),
                       ("set_epoch", "shard"), ("DDP(model", "ddp"),
-                      ("global batch", "ddp"), ("set_seed(args.seed + rank)", "ddp"),
-                      ("DDP wraps it", "compile"), ("device_count", "ddp"),
-                      ("init_from and rank == 0", "rank0"),
-                      ("model.module", "rank0"), ("Rank 0", "rank0"),
-                      ("rank0_only", "rank0"), ("history", "rank0")],
+                      ("global batch", "ddp"),
+                      ("DDP wraps it", "compile"), ("device {device} |", "ddp"),
+                      ("model.module", "rank0"), ("Rank 0", "rank0"), ("history", "rank0")],
             "main": [("cleanup_distributed", "group"), ("", "rank0")],
         },
-        "removed": {"get_device": "group"},
+        "removed": {},
         "flags_added": {"--backend", "--local-rank", "--timeout-min"},
         "mechanisms": {"setup_distributed", "cleanup_distributed", "rank0_only", "rank0_first"},
-        "diff_size": (215, 72),
+        "diff_size": (195, 58),
     },
     "ddp_amp_accum.py": {
         "concepts": [
             TOP,
-            ("amp", "Mixed precision",
+            ("amp", "Mixed precision, in the layout tensor cores want",
              "torch.autocast runs matmuls and convolutions in bf16 or fp16 and keeps the weights in "
              "float32. fp16's small range needs a GradScaler, which scales the loss up before "
              "backward and the gradients down before the step; bf16 needs none. "
              "torch.amp.GradScaler(device), for any device, is torch 2.3's (torch.cuda.amp's is "
-             "deprecated)."),
+             "deprecated). On GPUs the model and the 4-D inputs are channels-last, the layout of "
+             "tensor cores' convolutions (--channels-last)."),
             ("accum", "Gradient accumulation with no_sync",
              "K micro-batches make one optimizer step, their gradients summed. DDP decides in the "
              "forward whether the backward all-reduces, so no_sync covers the forward and backward "
@@ -136,128 +134,192 @@ MANIFEST = {
             "imports": [("contextlib", "accum")],
             "AMP_DTYPES": "amp",
             "autocast": "amp",
-            "parse_args": [("--amp", "amp"), ("--accum-steps", "accum"), ("--clip-grad-norm", "clip")],
+            "configure_cuda": "amp",
+            "to_device": "amp",
+            "parse_args": [("--amp", "amp"), ("--channels-last", "amp"), ("--accum-steps", "accum"),
+                           ("accumulation steps", "accum"), ("--clip-grad-norm", "clip")],
             "AT_LEAST": "accum",
             "train_one_epoch": [("grad_norm = None", "clip"), ("{norm}", "clip"), ("grad norm", "clip"),
                                 ("once per optimizer step", "accum"), ("totals", "accum"),
                                 ("clip_grad_norm", "clip"), ("accum_steps", "accum"),
-                                ("num_batches", "accum"), ("group", "accum"),
-                                ("sync_context", "accum"), ("scaler", "amp")],
+                                ("num_steps", "accum"), ("group", "accum"),
+                                ("sync_context", "accum"), ("scaler", "amp"),
+                                ("channels_last", "amp")],
             "evaluate": "amp",
-            "train": [("GradScaler", "amp"), ("global batch", "accum"),
+            "train": [("GradScaler", "amp"), ("global batch", "accum"), ("configure_cuda", "amp"),
+                      ("memory_format", "amp"), ("channels_last", "amp"),
                       ("steps_per_epoch=math.ceil", "accum"), ("scheduler, scaler", "amp")],
         },
         "removed": {},
-        "flags_added": {"--amp", "--accum-steps", "--clip-grad-norm"},
+        "flags_added": {"--amp", "--accum-steps", "--clip-grad-norm", "--channels-last"},
         "mechanisms": {"autocast"},
-        "diff_size": (71, 23),
+        "diff_size": (93, 37),
     },
     "ddp_full.py": {
         "concepts": [
             TOP,
             ("validation", "Exact validation on every process",
              "Each process scores its unpadded shard with rank 0's BatchNorm statistics; one "
-             "all-reduce of sums and counts gives the exact metrics."),
+             "all-reduce of sums and counts gives the exact metrics. Every process goes round as "
+             "often as the longest shard has batches, so that all can agree on a stop."),
             ("state", "Where the run stands: TrainState",
              "A TrainState follows every optimizer step: what processes share and what each "
-             "holds alone."),
+             "holds alone (its random states, its sums so far)."),
             ("checkpoint", "Writing checkpoints",
              "Rank 0 gathers every process's state and saves it with the rest through atomic_save "
-             "(a temporary file, then a rename): a crash mid-write leaves the last one whole."),
-            ("resume", "Finding and agreeing on a checkpoint",
+             "(a temporary file, flushed to the disk, then a rename): a crash mid-write leaves the "
+             "last one whole."),
+            ("resume", "Finding a checkpoint",
              "Every process loads the newest readable checkpoint, passing over torn or foreign "
-             "files; one all-gather makes sure all found the same."),
+             "files; a resumed run must keep the settings that decide what it computes."),
             ("restore", "Restoring what a checkpoint holds",
-             "Model, optimizer, schedule, scaler and random states, all put back."),
-            ("position", "Putting the data position back mid-epoch",
-             "A mid-epoch checkpoint resumes at the next sample: the sampler skips those consumed."),
-            ("stop", "Stopping early",
-             "All processes raise Stop at the same step; train() checkpoints and exits (75 after "
-             "a SIGTERM: requeue me)."),
+             "Model, optimizer, schedule, scaler and random states, all put back: a resume at an "
+             "epoch's end goes on bitwise as a run never stopped. On a GPU, bitwise also needs "
+             "--no-tf32 and --no-cudnn-benchmark (and deterministic kernels): the speed settings "
+             "may change the last bits."),
+            ("midepoch", "Stopping and resuming mid-epoch",
+             "--max-steps and --ckpt-steps stop and checkpoint within an epoch; a resume skips the "
+             "samples the epoch's first steps consumed (ResumableSampler), on every process."),
             ("preempt", "Preemption: SIGTERM",
-             "Every process checks a shared flag after each batch, so all stop at the same one."),
+             "Every process checks a shared flag before each batch, so all stop at the same one; "
+             "the run checkpoints and exits 75 (requeue me)."),
+            ("agreement", "Every process resumes from the same checkpoint",
+             "One all-gather after the search: processes that found different checkpoints (nodes "
+             "that do not share a disk) stop with one line instead of training apart."),
+            ("samples", "Augmentation the same in every run",
+             "Each sample's random crop and flip is drawn from a seed of (seed, epoch, index): the "
+             "same whichever process or loader worker loads it, with any world size, after any "
+             "resume."),
+            ("unreadable", "A file that cannot be read costs a warning, not the run",
+             "In training the next readable sample takes its place (chosen from the index alone, "
+             "so every exactness promise holds); in validation it is left out. A set none of whose "
+             "first samples can be read is one line before any work."),
+            ("reported", "Unreadable files, reported and counted",
+             "Each item comes with the files that could not be read for it: the process that met "
+             "one warns, naming it and its rank, and metrics.jsonl and the epoch's line count "
+             "them."),
+            ("failures", "A write that fails: one line, nothing lost",
+             "A write that fails (a full disk) is one line naming the file, the space left and the "
+             "newest complete checkpoint, exit status 74; the old file stays whole and no temporary "
+             "file is left."),
+            ("checks", "Checked before any work: the section and the model",
+             "A section \"your data and model\" without a name the script uses, and a model that "
+             "cannot take the data (tried on the meta device: shapes only), are one line before any "
+             "work, not a traceback midway."),
+            ("initfrom", "Fine-tuning: --init-from",
+             "Rank 0 reads the starting weights (a model.pt, a checkpoint, or the task's pretrained "
+             "ones); DDP hands them to every process. Their score is epoch 0 of metrics.jsonl. A "
+             "checkpoint wins over them: a resume goes on."),
             ("syncbn", "SyncBatchNorm",
              "--sync-bn: the global batch's statistics, for small per-GPU batches."),
             ("buckets", "DDP's bucket settings",
              "Gradients are all-reduced in buckets as backward fills them; the settings change how "
              "they travel, not what is averaged."),
+            ("map", "The copier's map",
+             "The parts a simpler trainer can do without are tagged \"# [optional: NAME]\"; the "
+             "docstring lists them with what each gives up, and tools/strip_optional.py deletes "
+             "them."),
             FLAGS,
         ],
         "ahead": {
-            "checkpoint": "resume",
-            "checkpoint_path": "resume",
-            "start_or_resume": "restore",
+            "state": "restore",
+            "agreed_by_all": "agreement",
+            "EXIT_REQUEUE": "preempt",
+            "PREEMPTION": "preempt",
+            "report_unreadable": "reported",
         },
         "regions": {
             "docstring": "top",
-            "imports": [("dataclasses", "state"), ("itertools", "position"),
-                        ("import re", "checkpoint"), ("signal", "preempt")],
+            "imports": [("dataclasses", "state"), ("itertools", "midepoch"), ("pickle", "resume"),
+                        ("import re", "checkpoint"), ("shutil", "failures"), ("signal", "preempt"),
+                        ("Dataset", "samples")],
             "RESUME_MAY_CHANGE": "resume",
             "CHECKPOINT_NAME": "checkpoint",
-            "EXIT_REQUEUE": "stop",
+            "EXIT_WRITE_FAILED": "failures",
+            "EXIT_REQUEUE": "preempt",
+            "UNREADABLE": "unreadable",
+            "MAX_UNREADABLE_IN_A_ROW": "unreadable",
             "RESUME_MAY_CHANGE_TASK": "resume",
-            "TASK_HOOKS": "resume",
-            "parse_args": [("--resume", "resume"), ("--ckpt", "checkpoint"), ("--keep-last", "checkpoint"),
-                           ("--max-steps", "stop"), ("--sync-bn", "syncbn"), ("bucket", "buckets")],
+            "pretrained_weights": "initfrom",
+            "TASK_HOOKS": "checks",
+            "check_task": "checks",
+            "parse_args": [("--resume", "resume"), ("--ckpt-epochs", "checkpoint"), ("--keep-last", "checkpoint"),
+                           ("--ckpt-steps", "midepoch"), ("--max-steps", "midepoch"),
+                           ("--sync-bn", "syncbn"), ("bucket", "buckets"), ("--init-from", "initfrom"),
+                           ("--tf32", "restore"), ("--cudnn-benchmark", "restore"),
+                           ("change --epochs", "resume"), ("[optional:", "map")],
             "AT_LEAST": "checkpoint",
             "POSITIVE": "buckets",
-            "check_args": "resume",
-            "Stop": "stop",
+            "check_args": [("init_from", "initfrom"), ("", "resume")],
+            "configure_cuda": "restore",
+            "cleanup_distributed": "preempt",
             "Preemption": "preempt",
-            "ResumableDistributedSampler": "position",
+            "PREEMPTION": "preempt",
+            "ResumableSampler": "midepoch",
             "ShardSampler": "validation",
-            "build_loaders": [("ShardSampler", "validation"), ("sampler=val_sampler", "validation"),
-                              ("Resumable", "position")],
-            "train_one_epoch": [("removed:for batch_index", "position"),
-                                ("removed:start = time.perf_counter()", "position"),
-                                ("def train_one_epoch", "state"), ("preemption", "preempt"),
-                                ("check_max_steps", "stop"), ("if last_in_group:", "stop"),
+            "build_loaders": [("ShardSampler", "validation"), ("val_sampler", "validation"),
+                              ("Resumable", "midepoch"), ("collate_readable", "reported"),
+                              ("readable", "unreadable"), ("Seeded", "samples"), ("train_data", "validation")],
+            "train_one_epoch": [("def train_one_epoch", "state"), ("first_step", "state"),
+                                ("PREEMPTION", "preempt"),
+                                ("max_steps", "midepoch"), ("ckpt_steps", "midepoch"), ("state", "state"),
                                 ("epoch_totals", "validation"),
-                                ("first_step, start_seconds", "state"), ("state.rng", "state"),
-                                ("state.step_in_epoch, state.global_step", "state"),
-                                ("start_seconds + elapsed", "state"),
-                                ("elapsed = time.perf_counter() - start", "state"),
-                                ("state", "position"), ("loader.sampler.num_samples", "position"),
-                                ("first_step", "position"), ("start_samples", "position")],
-            "check_max_steps": "stop",
-            "evaluate": [("preemption", "preempt"), ("batches = iter", "preempt"),
-                         ("Shards differ", "preempt"), ("longest", "preempt"), ("", "validation")],
+                                ("start_samples", "state"), ("num_batches", "midepoch")],
+            "evaluate": [("PREEMPTION", "preempt"), ("report_unreadable", "reported"), ("", "validation")],
+            "val_record": "reported",
+            "epoch_record": "reported",
             "TrainState": "state",
             "SHARED_STATE": "state",
             "PER_PROCESS_STATE": "state",
             "rng_state": "state",
             "set_rng_state": "restore",
             "save_checkpoint": "checkpoint",
-            "what_is_intact": "checkpoint",
+            "atomic_save": [("full disk", "failures"), ("", "checkpoint")],
             "list_checkpoints": "checkpoint",
             "load_checkpoint": "resume",
+            "agreed_by_all": "agreement",
             "find_checkpoint": "resume",
-            "agree_on_checkpoint": "resume",
             "restore": "restore",
             "start_or_resume": "restore",
-            "stop_run": "stop",
+            "stop_run": "midepoch",
+            "EpochKeys": "samples",
+            "SeededSamples": "samples",
+            "ReadableSamples": "unreadable",
+            "readable_sets": "unreadable",
+            "describe_unreadable": "unreadable",
+            "collate_readable": "reported",
+            "report_unreadable": "reported",
+            "warn": "reported",
+            "check_model_fits": "checks",
+            "read_state_dict": "initfrom",
+            "init_weights_from": "initfrom",
+            "write_error": "failures",
+            "free_space": "failures",
+            "what_is_intact": "failures",
             "log_resume": "resume",
-            "train": [("try:", "stop"), ("sync_bn", "syncbn"), ("bucket", "buckets"), ("Stop", "stop"),
-                      ("init_from and checkpoint_path is None", "restore"),
-                      ("preemption", "preempt"), ("init_from and checkpoint is None", "resume"),
-                      ("del checkpoint", "restore"), ("start_or_resume(", "state"),
-                      ("checkpoint_path", "resume"),
-                      ("set_start", "position"),
-                      ("metrics_path", "resume"), ("A resumed run rewrites", "resume"),
-                      ("save_checkpoint", "checkpoint"),
-                      ("state.", "state"),
-                      ("Every process evaluates its shard", "validation"),
-                      ("return 0", "stop")],
-            "main": "stop",
+            "log_epoch": [("record[\"epoch\"] == 0", "initfrom"), ("", "reported")],
+            "train": [("sync_bn", "syncbn"), ("bucket", "buckets"), ("init_from", "initfrom"),
+                      ("check_model_fits", "checks"), ("PREEMPTION", "preempt"),
+                      ("stop_run", "midepoch"), ("set_start", "midepoch"), ("[optional:", "map"),
+                      ("del checkpoint", "restore"), ("start_or_resume(", "restore"),
+                      ("find_checkpoint", "resume"), ("log_resume", "resume"),
+                      ("A resumed run rewrites", "resume"), ("out_dir = Path", "resume"),
+                      ("save_checkpoint", "checkpoint"), ("state", "state"), ("return 0", "state"),
+                      ("Every process evaluates its shard", "validation")],
+            "main": [("check_task", "checks"), ("what_is_intact", "failures"), ("message", "failures"),
+                     ("return", "midepoch")],
         },
         "removed": {},
         "flags_added": {"--resume", "--ckpt-steps", "--ckpt-epochs", "--keep-last", "--max-steps",
-                        "--sync-bn", "--bucket-cap-mb", "--gradient-as-bucket-view"},
+                        "--sync-bn", "--bucket-cap-mb", "--gradient-as-bucket-view", "--init-from",
+                        "--tf32", "--cudnn-benchmark"},
         "mechanisms": {"ShardSampler", "TrainState", "rng_state", "save_checkpoint", "load_checkpoint",
-                       "find_checkpoint", "agree_on_checkpoint", "restore", "set_rng_state",
-                       "start_or_resume", "ResumableDistributedSampler", "Stop", "check_max_steps",
-                       "stop_run", "Preemption"},
-        "diff_size": (511, 79),
+                       "find_checkpoint", "agreed_by_all", "restore", "set_rng_state", "start_or_resume",
+                       "ResumableSampler", "stop_run", "Preemption", "EpochKeys", "SeededSamples",
+                       "ReadableSamples", "readable_sets", "report_unreadable", "write_error", "check_task",
+                       "check_model_fits",
+                       "init_weights_from"},
+        "diff_size": (931, 76),
     },
     "fsdp.py": {
         "concepts": [
@@ -279,7 +341,7 @@ MANIFEST = {
             ("units", "Units: named in the section \"your data and model\"",
              "shard_units(model) returns the units: the modules, or lists of modules gathered as "
              "one. The CNN names its convolutions; a torchvision model gets the blocks it repeats "
-             "(find_blocks, the default for a section without the hook): from the root down, a "
+             "(find_blocks, which a section of your own may call too): from the root down, a "
              "module built of layers whose class the model uses more than once, containers searched "
              "rather than taken, so a stem's or a downsampling layer's few parameters are the "
              "root's. Tied weights (one tensor in two modules) are gathered as one: a unit holding "
@@ -330,8 +392,8 @@ MANIFEST = {
             ("clip", "Clipping by the global norm",
              "clip_grad_norm_ over the sharded (DTensor) gradients computes the norm of all slices "
              "together, the same on every process, and returns it as a DTensor: full_tensor() gives "
-             "its value for the progress line. foreach=True: left to choose, it takes DTensor "
-             "gradients one by one."),
+             "its value for the progress line. It takes the fused (foreach) path for DTensor "
+             "gradients by itself: importing torch.distributed.tensor registers DTensor for it."),
             ("validation", "The same number of forwards on every process",
              "evaluate already goes round as often as the longest shard has batches (for the "
              "preemption check of step 5). Every forward now all-gathers from all processes, so a "
@@ -359,9 +421,8 @@ MANIFEST = {
                   "device_mesh": "hsdp", "check_units": "units", "shard_units": "units"},
         "regions": {
             "docstring": "top",
-            "imports": [("import shutil", "checkpoint"), ("torch.utils.checkpoint", "recompute"),
-                        ("checkpoint", "checkpoint"),
-                        ("itertools", "reshard"), ("collections", "units"), ("", "shard")],
+            "imports": [("collections", "units"), ("torch.utils.checkpoint", "recompute"),
+                        ("checkpoint", "checkpoint"), ("", "shard")],
             "RESUME_MAY_CHANGE": "hsdp",
             "CHECKPOINT_NAME": "checkpoint",
             "parse_args": [("gather the parameters", "precision"), ("keep no activations", "recompute"),
@@ -370,8 +431,8 @@ MANIFEST = {
             "setup_distributed": "shard",
             "device_mesh": "hsdp",
             "POSITIVE": "shard",
-            "check_args": "checkpoint",
-            "ResumableDistributedSampler": "reshard",
+            "check_args": [("activation_checkpointing", "recompute"), ("", "checkpoint")],
+            "ResumableSampler": "reshard",
             "precision_policies": "precision",
             "shard_model": "shard",
             "shard_units": "units",
@@ -388,18 +449,18 @@ MANIFEST = {
             "shard_sizes": "shard",
             "release_device_meshes": "shard",
             "cleanup_distributed": "shard",
-            "train_one_epoch": [("reduce-scatter", "accum"), ("grad_norm", "clip"),
-                                ("", "reshard")],
+            "train_one_epoch": [("reduce-scatter", "accum"), ("full_tensor", "clip"), ("global norm", "clip"),
+                                ("--- train/eval", "precision"), ("", "reshard")],
             "evaluate": "validation",
             "spare_batch": "validation",
             "TrainState": "reshard",
             "SHARED_STATE": "reshard",
             "save_checkpoint": "checkpoint",
+            "shard_write_error": "checkpoint",
             "list_checkpoints": "checkpoint",
             "check_shards": "checkpoint",
             "load_checkpoint": [("removed:world_size", "reshard"), ("", "checkpoint")],
             "find_checkpoint": "checkpoint",
-            "agree_on_checkpoint": "checkpoint",
             "restore": [("dcp", "checkpoint"), ("sharded", "checkpoint"), ("", "reshard")],
             "start_or_resume": "reshard",
             "train": [("get_model_state_dict", "modelpt"), ("rank0_only(rank, atomic_save, full", "modelpt"),
@@ -411,9 +472,9 @@ MANIFEST = {
         "flags_added": {"--activation-checkpointing", "--replicas"},
         "flags_removed": {"--bucket-cap-mb": "FSDP gathers and reduce-scatters per unit: no DDP buckets",
                           "--gradient-as-bucket-view": "no DDP buckets to view"},
-        "mechanisms": {"shard_model", "precision_policies", "spare_batch", "check_shards",
+        "mechanisms": {"shard_model", "precision_policies", "spare_batch", "check_shards", "shard_write_error",
                        "broadcast_buffers", "recompute_in_backward", "buffers_kept", "device_mesh",
                        "find_blocks", "check_units", "shard_units"},
-        "diff_size": (581, 135),
+        "diff_size": (562, 122),
     },
 }

@@ -25,11 +25,12 @@ lists them all, each with its mutation-checked guard.
   processes die on a closed connection, and everything since the last checkpoint is lost. Stopping
   with a checkpoint instead would need every process to agree before the forward of the batch that
   holds the file, a collective per batch ahead of the one the preemption check already runs; and a
-  user would rather have the epoch than a stop over one photo. So the scripts skip it, in all six:
-  in training the next readable sample in index order takes its place, loaded with the missing
-  sample's seed (`SeededSamples`) — a choice made from (seed, epoch, index) alone, so one process
-  still trains what DDP trains and a resume is still bitwise; in validation the sample is left out
-  (`ReadableSamples`: a stand-in would count another sample twice) and the mean is over the rest.
+  user would rather have the epoch than a stop over one photo. So `ddp_full.py` and `fsdp.py`, the
+  scripts for long runs, skip it (`ReadableSamples`): in training the next readable sample in index
+  order takes its place, loaded with the missing sample's seed (`SeededSamples`) — a choice made
+  from (seed, epoch, index) alone, so one process still trains what DDP trains and a resume is still
+  bitwise; in validation the sample is left out (a stand-in would count another sample twice) and
+  the mean is over the rest. Steps 1-4, lessons on one concept each, stop at such a file.
   The process that met the file prints one line naming it, once an epoch (`ddp_full.py: warning:
   rank 1: cannot read …/3.png (cannot identify image file): trained on the next readable sample in
   its place`), the epoch line ends with `unreadable files skipped: N`, and `metrics.jsonl` counts
@@ -39,7 +40,8 @@ lists them all, each with its mutation-checked guard.
   still raises. More than `MAX_UNREADABLE_IN_A_ROW` (16) unreadable in a row is a broken data set,
   not a broken file: among the first samples of either set it is one `error:` line at start; met
   later, in a worker, it is still a traceback. Tested with a PNG truncated to 40 bytes, one with a
-  garbled chunk and an empty one, `--workers 0` and `2` (`tests/test_unreadable.py`).
+  garbled chunk and an empty one, `--workers 0` and `2` (`tests/test_unreadable.py`). A copier who
+  does not want this deletes the part `unreadable files` (the copier's map).
 - **Sharded validation scores the saved model, BatchNorm included.** After the last step each
   process holds BatchNorm running statistics of its own micro-batches (DDP broadcasts rank 0's at
   the start of each forward; each process then updates its own). Scored with them, the shards
@@ -63,10 +65,11 @@ lists them all, each with its mutation-checked guard.
   `Generator.set_state` take CPU byte tensors only: every resume on a GPU would end in
   `TypeError: RNG state must be a torch.ByteTensor`. `load_state_dict` copies weights and optimizer
   state to the model's device by itself. Tested with the meta device standing in for the GPU.
-- **DataParallel never hands a GPU one sample.** It splits a batch with `torch.chunk`: CIFAR-10's
-  last batch of 16 on 6 GPUs is 3,3,3,3,3,1, and BatchNorm fails on the chunk of one.
-  `dataparallel.py` drops the short last batch (its docstring also says that BatchNorm's running
-  statistics come from GPU 0's chunk alone). Tested by replaying the chunking for 2 to 8 GPUs.
+- **DataParallel never hands a GPU a short last batch's one sample.** It splits a batch with
+  `torch.chunk`: CIFAR-10's last batch of 16 on 6 GPUs is 3,3,3,3,3,1, and BatchNorm fails on the
+  chunk of one. `dataparallel.py` drops the short last batch (its docstring also says that
+  BatchNorm's running statistics come from GPU 0's chunk alone, and to choose a `--batch-size`
+  whose chunks hold two samples or more). Tested by replaying the chunking for 2 to 8 GPUs.
 - **Teardown.** torch 2.14 + gloo aborts a worker at exit ("terminate called without an active
   exception", about one run in six) if a DDP model is alive at `destroy_process_group()`. The model
   lives inside `train()`, and `cleanup_distributed()` collects garbage before destroying the group.
@@ -74,22 +77,24 @@ lists them all, each with its mutation-checked guard.
   the data) is collected once and frozen (`gc.freeze()`) before the model is built; the
   interpreter's own collection at exit then skips it too (0.8 s less teardown on 2 processes).
   The same abort came back, once in a CI run of the whole suite, from a group that outlived
-  `destroy_process_group()` with nothing of ours holding it: the meta-device check of the model
-  (`check_model_fits`) imports `torch._dynamo`, which imports `torch.distributed.nn.functional`,
-  whose collectives take the default group as a default argument, read at import. Imported after
-  `init_process_group`, it kept the group, and its gloo threads, alive to the interpreter's exit
-  (`torch.compile` imports it too). `setup_distributed()` now imports it first, so the defaults hold
-  None; `tests/test_teardown.py` checks, for each DDP script, that no gloo thread is left running
-  once `main()` returns (three were, before).
+  `destroy_process_group()` with nothing of ours holding it: `torch.compile`, and the meta-device
+  check of the model (`check_model_fits`, in `ddp_full.py` and `fsdp.py`), import `torch._dynamo`,
+  which imports `torch.distributed.nn.functional`, whose collectives take the default group as a
+  default argument, read at import. Imported after `init_process_group`, it kept the group, and
+  its gloo threads, alive to the interpreter's exit. `setup_distributed()` now imports it first, so
+  the defaults hold None; `tests/test_teardown.py` checks, for each DDP script (and after a
+  `--compile` run), that no gloo thread is left running once `main()` returns (three were, before).
 - **Bad input gets one line and a non-zero exit** (status 2): `--batch-size 0`, `--accum-steps 0`,
-  nccl without CUDA, `--sync-bn` without CUDA, an unknown `--model`, a model that cannot take the
-  data, a missing or empty data directory, more processes than samples, a missing, truncated or
+  nccl without CUDA, `--sync-bn` without CUDA, an unknown `--model`, a missing or empty data
+  directory, more processes than samples, and in `ddp_full.py` and `fsdp.py` a model that cannot
+  take the data (checked on the meta device before any work), a missing, truncated or
   mismatched checkpoint, processes that found different checkpoints, an `--out-dir` where no file
   can be written (checked by writing one before training starts, not discovered at the first
   save). Rank 0 reports; errors found while rank 0 prepares the output directory or the data reach
   every rank through a collective (`rank0_only`), so no rank is left waiting for a peer that has
   exited.
-- **What goes wrong midway is one line too, and loses nothing.**
+- **What goes wrong midway is one line too, and loses nothing** (`ddp_full.py` and `fsdp.py`, the
+  scripts for long runs; steps 1-4 stop with a traceback).
   - *A write that fails* — a full disk or a permission, for a checkpoint, `model.pt` or
     `metrics.jsonl`: one line from the process that met it, naming the file, the reason, the space
     left on its file system and what is intact (`ddp_full.py: error: cannot write
@@ -107,7 +112,7 @@ lists them all, each with its mutation-checked guard.
     failures, each process that failed prints its line with its rank, and rank 0 removes the
     partial `.step_N.tmp/`. **What to do next:** free space (or move `--out-dir` with its files
     to a roomier disk) and run the same command: `ddp_full.py` and `fsdp.py` resume from the
-    checkpoint the line names; the other scripts keep no checkpoint and start again. Under
+    checkpoint the line names. Under
     `--max-restarts` torchrun restarts the group after status 74 as after any failed worker: each
     restart resumes and stops with the same line until there is space.
   - *An error that only some processes meet* is printed by each process that meets it, with its
@@ -118,14 +123,13 @@ lists them all, each with its mutation-checked guard.
     rank 0 reads the data first, then the others, and one all-gather of their verdicts
     (`rank0_first`) makes each process that failed print its line with its rank while every
     process stops there — before, the line was lost and rank 0 died in DDP's first collective.
-  - *A section "your data and model" without a hook* is checked before any work (`check_task`):
-    one that must be there is one line naming it and what it must do; a later hook has a default
-    (see [Your own data and model](your-task.md)), so a copy of the section made before
-    the hook existed keeps working.
+  - *A section "your data and model" without a name the script uses* is checked before any work
+    (`check_task`): one line naming it and what it must do (see
+    [Your own data and model](your-task.md)).
 
   Tested with a real small file system (a tmpfs in a private mount namespace, `unshare`), a CPU
   stand-in for the GPU count (`tests/fewer_gpus.py`), a process that cannot see the data
-  (`tests/missing_on_one_rank.py`) and sections with each hook removed (`tests/test_failures.py`).
+  (`tests/missing_on_one_rank.py`) and sections with each name removed (`tests/test_failures.py`).
 """
 
 PITFALLS = [
@@ -301,11 +305,13 @@ PITFALLS = [
         "mistake": "calling code that all-reduces (here: sharded evaluation) on rank 0 only",
         "symptom": "rank 0 waits in a collective the others never enter: a hang until the timeout",
         "correct": "every rank calls every collective, in the same order",
-        "fix": [("ddp_full.py", "val_totals = evaluate(args, model.module, val_loader, device, preemption)")],
+        "fix": [("ddp_full.py", "# Every process evaluates its shard through model.module: shards differ in length, and")],
         "guards": ["tests/test_validation.py::test_ddp_full_sharded_validation_equals_one_process_evaluation"],
-        "mutation": ("ddp_full.py", "            val_totals = evaluate(args, model.module, val_loader, device, preemption)\n",
-                     "            val_totals = (evaluate(args, model.module, val_loader, device, preemption) if rank == 0\n"
-                     "                          else torch.zeros(3, dtype=torch.float64, device=device))\n"),
+        "mutation": ("ddp_full.py", "        val_start = time.perf_counter()\n"
+                                    "        val_totals = evaluate(args, model.module, val_loader, device)\n",
+                     "        val_start = time.perf_counter()\n"
+                     "        val_totals = (evaluate(args, model.module, val_loader, device) if rank == 0\n"
+                     "                      else torch.zeros(4, dtype=torch.float64, device=device))\n"),
     },
     {
         "title": "Per-process versus global batch size (and the learning rate)",
@@ -425,13 +431,13 @@ PITFALLS = [
         "mistake": "checking for SIGTERM only after an optimizer step (or only at the end of an epoch)",
         "symptom": "a SIGTERM during a long validation is acted on after it; torchrun SIGKILLs the workers when "
                    "its grace period (30 s) ends, and the run loses everything since its last checkpoint",
-        "correct": "all processes all-reduce the flag after every batch, in training and in validation (a shorter "
+        "correct": "all processes all-reduce the flag at every batch, in training and in validation (a shorter "
                    "shard goes round as often as the longest), reading each result one batch later so none waits; "
                    "the checkpoint then resumes with validation",
         "fix": [("ddp_full.py", "longest = math.ceil(len(loader.dataset) / dist.get_world_size())")],
         "guards": ["tests/test_cluster.py::test_sigterm_during_validation_stops_within_two_batches_and_resume_is_bitwise"],
-        "mutation": ("ddp_full.py", "        if preemption is not None:  # None as the run starts: nothing to save\n"
-                                    "            preemption.check()\n", ""),
+        "mutation": ("ddp_full.py", "        if PREEMPTION.stop_agreed():\n            return None\n    model.train()\n",
+                     "    model.train()\n"),
     },
     {
         "title": "DataParallel handing a GPU one sample",
@@ -441,8 +447,8 @@ PITFALLS = [
         "correct": "drop the short last batch in dataparallel.py's training loader",
         "fix": [("dataparallel.py", "drop_last=True")],
         "guards": ["tests/test_gpu_paths.py::test_dataparallel_never_gives_a_gpu_a_single_sample"],
-        "mutation": ("dataparallel.py", "                              drop_last=True, **loader_args)",
-                     "                              **loader_args)"),
+        "mutation": ("dataparallel.py", "sampler=train_sampler, drop_last=True, **loader_args)",
+                     "sampler=train_sampler, **loader_args)"),
     },
     {
         "title": "A learning-rate schedule missing from the checkpoint",
@@ -508,9 +514,9 @@ PITFALLS = [
                    "interpreter, which now and then aborts a finished run (`terminate called without an "
                    "active exception`, exit -6; torchrun reports the run as failed)",
         "correct": "import it before `init_process_group`: the defaults then hold None",
-        "fix": [("ddp_basic.py", "    from torch.distributed.nn import functional")],
-        "guards": ["tests/test_teardown.py::test_no_gloo_thread_outlives_main_after_a_finished_run"],
-        "mutation": ("ddp_basic.py",
+        "fix": [("ddp_amp_accum.py", "    from torch.distributed.nn import functional")],
+        "guards": ["tests/test_teardown.py::test_no_gloo_thread_outlives_main_after_a_compiled_run"],
+        "mutation": ("ddp_amp_accum.py",
                      "    from torch.distributed.nn import functional  # noqa: F401\n",
                      ""),
     },
@@ -534,12 +540,9 @@ PITFALLS = [
         "mistake": "scoring a stand-in (the next readable image) where a validation image cannot be read",
         "symptom": "the stand-in is counted twice: metrics of a set that does not exist",
         "correct": "leave the unreadable sample out of validation (ReadableSamples), count it, and score the rest",
-        "fix": [("ddp_full.py", "            return None, [describe_unreadable(self.dataset, index, err)]")],
+        "fix": [("ddp_full.py", "return ReadableSamples(train_set, stand_in=True), ReadableSamples(val_set, stand_in=False)")],
         "guards": ["tests/test_unreadable.py::test_an_unreadable_image_is_named_skipped_and_counted_and_ddp_still_equals_one_process"],
-        "mutation": ("ddp_full.py",
-                     "            return None, [describe_unreadable(self.dataset, index, err)]\n",
-                     "            return self.dataset[(index + 1) % len(self.dataset)], "
-                     "[describe_unreadable(self.dataset, index, err)]\n"),
+        "mutation": ("ddp_full.py", "ReadableSamples(val_set, stand_in=False)", "ReadableSamples(val_set, stand_in=True)"),
     },
     {
         "title": "FSDP: a process that skips a validation forward",
@@ -592,15 +595,14 @@ PITFALLS = [
                    "clipped global gradient, and differs from DDP's",
         "correct": "`clip_grad_norm_(model.parameters(), ...)` over the sharded (DTensor) gradients: the global "
                    "norm, the same on every process",
-        "fix": [("fsdp.py", "grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm,")],
+        "fix": [("fsdp.py", "grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)")],
         "guards": ["tests/test_fsdp.py::test_fsdp_clips_by_the_global_norm_as_ddp_full_does"],
-        "mutation": ("fsdp.py", "grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm,\n"
-                                "                                                           foreach=True)",
+        "mutation": ("fsdp.py", "grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)",
                      "local = torch.nn.utils.get_total_norm([p.grad.to_local() for p in model.parameters()])\n"
-                     "                for p in model.parameters():\n"
-                     "                    p.grad.to_local().mul_(torch.clamp(args.clip_grad_norm / (local + 1e-6), "
+                     "            for p in model.parameters():\n"
+                     "                p.grad.to_local().mul_(torch.clamp(args.clip_grad_norm / (local + 1e-6), "
                      "max=1.0))\n"
-                     "                grad_norm = torch.distributed.tensor.DTensor.from_local(local, "
+                     "            grad_norm = torch.distributed.tensor.DTensor.from_local(local, "
                      "p.grad.device_mesh)"),
     },
     {
@@ -828,17 +830,16 @@ PITFALLS = [
                      'f"are visible: start at most one process per GPU")'),
     },
     {
-        "title": "A new hook breaks every older copy of the section",
-        "mistake": "calling a name of the section \"your data and model\" that an older copy of it lacks",
-        "symptom": "a user's section written before `channels_last_pays` and `pretrained_weights` existed dies "
-                   "with `NameError`, a traceback from every process",
-        "correct": "`check_task()` first: a hook with a default gets it ([your-task.md](your-task.md)), a missing "
-                   "required one is one "
-                   "line naming it and what it must do",
+        "title": "A section \"your data and model\" without a name the script uses",
+        "mistake": "calling a name of the section \"your data and model\" that a user's copy of it lacks",
+        "symptom": "`NameError`, a traceback from every process, at start-up or midway (`pretrained_weights` at "
+                   "`--init-from pretrained`, `RESUME_MAY_CHANGE_TASK` at a resume)",
+        "correct": "`check_task()` first ([your-task.md](your-task.md)): a missing name is one line naming it and "
+                   "what it must do, before any work",
         "fix": [("ddp_full.py", "    check_task()")],
-        "guards": ["tests/test_failures.py::test_a_section_from_before_the_later_hooks_trains_with_their_defaults"],
-        "mutation": ("ddp_full.py", "        check_task()\n        args = parse_args(argv)\n",
-                     "        args = parse_args(argv)\n"),
+        "guards": ["tests/test_failures.py::test_a_section_without_a_name_the_script_uses_stops_before_any_work_naming_it"
+                   "[ddp_full.py-add_task_arguments]"],
+        "mutation": ("ddp_full.py", "        # [optional: section check]\n        check_task()\n", ""),
     },
     {
         "title": "FSDP: a sharded write that fails leaves its directory",
@@ -847,12 +848,12 @@ PITFALLS = [
                    "most needs",
         "correct": "every process gets the failures from dcp.save; rank 0 removes the directory, and each process "
                    "that failed prints its line",
-        "fix": [("fsdp.py", "failed = sorted(err.failures)")],
+        "fix": [("fsdp.py", "raise shard_write_error(err, rank, path, tmp) from None")],
         "guards": ["tests/test_failures.py::"
                    "test_a_full_disk_at_a_sharded_checkpoint_leaves_no_partial_directory_and_resumes"],
-        "mutation": ("fsdp.py", "        if rank == 0:\n            shutil.rmtree(tmp, ignore_errors=True)\n"
-                                "        if rank not in failed:\n",
-                     "        if rank not in failed:\n"),
+        "mutation": ("fsdp.py", "        if rank == 0:\n            shutil.rmtree(tmp, ignore_errors=True)  # a partial "
+                                "checkpoint is no checkpoint\n        raise shard_write_error(",
+                     "        raise shard_write_error("),
     },
     {
         "title": "A process that cannot see the data, silent",
@@ -876,17 +877,16 @@ PITFALLS = [
                    "(`AttributeError: 'Namespace' object has no attribute 'compile'`) or at the first use",
         "correct": "what a part defines is read inside its own tags only; `tests/test_copiers_map.py` deletes "
                    "each part, then all, checks that no deleted flag or function is read, and runs the rest",
-        "fix": [("ddp_full.py", "    compile          --compile: faster steps on GPUs, after a minute or more of")],
+        "fix": [("ddp_full.py", "    compile           --compile: faster steps on GPUs, after a minute or more of")],
         "guards": ["tests/test_copiers_map.py::test_each_part_deletes_alone_and_the_rest_reads_nothing_it_defined",
                    "tests/test_copiers_map.py::test_the_stripped_copy_trains_resumes_and_validates_as_the_full_script"],
-        "mutation": ("ddp_full.py", '        f"{args.weight_decay:g}")\n',
-                     '        f"{args.weight_decay:g} | compile {\'on\' if args.compile else \'off\'}")\n'),
+        "mutation": ("ddp_full.py", '            f"weight decay {args.weight_decay:g}")\n',
+                     '            f"weight decay {args.weight_decay:g} | compile {args.compile}")\n'),
     },
     {
         "title": "BatchNorm given a training batch of one sample",
         "mistake": "a model that ends in a 1x1 feature map (resnet18 fed 32-pixel images) with BatchNorm, and a "
-                   "training batch of 1: `--batch-size 1`, an epoch's last batch of the samples a process gets, "
-                   "or a GPU's share of a DataParallel batch",
+                   "training batch of 1: `--batch-size 1`, or an epoch's last batch of the samples a process gets",
         "symptom": "`ValueError: Expected more than 1 value per channel when training`, a traceback; at an "
                    "epoch's end, after the epoch's work, from the processes whose last batch holds one sample",
         "correct": "`check_model_fits` also runs the smallest training batch, in training mode, on the meta "
