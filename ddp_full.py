@@ -18,10 +18,12 @@ process that meets its cause). --amp runs the forward in bf16 or fp16 (fp16 with
 
 Every process scores a shard of the validation set with rank 0's model, and one all-reduce of
 sums gives the whole set's exact metrics. Rank 0 writes checkpoints atomically; the same command
-resumes from the newest readable one (--resume auto), on every process alike, and ends bitwise
-identical to a run never stopped, random augmentation included (seeded per sample). SIGTERM
-(preemption) stops every process at the same batch, in training or validation, writes a
-checkpoint and exits with status 75 (EX_TEMPFAIL): requeue me.
+resumes from the newest readable one (--resume auto) and ends bitwise identical to a run never
+stopped.
+# [optional: seeded samples]
+Random augmentation is seeded per sample: the same after a resume, with any workers.
+# [optional: preemption, mid-epoch]
+SIGTERM (preemption) stops every process at the same batch, checkpoints and exits 75: requeue me.
 
 A copier's map: a part tagged "# [optional: NAME]" may be deleted, all of it at once: a line that
 is only the tag goes with the statement (or except clause) under it, in a docstring with the line

@@ -29,11 +29,10 @@ inside a block for backward, which recomputes them; --replicas N (hybrid shardin
 each unit within groups of world size / N processes, one group per node for N nodes, and
 replicates it across the groups: the gathers stay in a node.
 
-Validation, checkpoints, resume and preemption are ddp_full.py's, sharded: every process writes
-its own shard of each checkpoint (torch.distributed.checkpoint), and a checkpoint appears, by a
-rename, only when all are written; a run resumes bitwise on as many processes, or on another
-number, resharded, at the same sample. model.pt is the whole model, gathered to rank 0: it loads
-into the plain model.
+Validation, checkpoints and resume are ddp_full.py's, sharded: every process writes its own shard
+of each checkpoint (torch.distributed.checkpoint), and a checkpoint appears, by a rename, only when
+all are written; a run resumes bitwise on as many processes, or on another number, resharded.
+model.pt is the whole model, gathered to rank 0: it loads into the plain model.
 
 A copier's map: a part tagged "# [optional: NAME]" may be deleted, all of it at once: a line that
 is only the tag goes with the statement (or except clause) under it, in a docstring with the line

@@ -82,7 +82,7 @@ def correctness_plan(gpus, tmp, port):
     w = f"{gpus} process{'es' if gpus > 1 else ''}, 1 per GPU" if gpus > 1 else "1 process (a world of one)"
     plan = [
         Launch("single_gpu", [[sys.executable, "single_gpu.py", *SMALL, "--out-dir", f"{tmp}/1"]], 35, "1 GPU",
-               "CUDA device, pinned memory, channels-last, TF32, cudnn.benchmark; the first CUDA start-up"),
+               "CUDA device, pinned memory, TF32, cudnn.benchmark; the first CUDA start-up"),
         Launch("dataparallel", [[sys.executable, "dataparallel.py", *SMALL, "--out-dir", f"{tmp}/2"]], 20,
                f"{gpus} GPU{'s' if gpus > 1 else ''}, 1 process",
                "nn.DataParallel over every visible GPU" + ("" if gpus > 1 else " (one GPU: no split)")),

@@ -206,13 +206,17 @@ def phases(wall, arrivals, out_dir):
 WHOLE = ["--model", "resnet18", "--train-samples", "1024", "--val-samples", "256", "--epochs", "1"]
 
 
-def whole_command(program, nproc, batch, extra=(), defaults="equal"):
-    """defaults "equal": every program in channels-last memory order, whatever the scripts' own default on
-    this device (the same work, so that a ratio measures the programs, not the layout); "own": each at
-    its own default (the scripts by channels_last_pays, the peers and the bare loop in PyTorch's layout)."""
+# The programs that take --channels-last: the scripts from step 4 on, the bare loop and the peers.
+CHANNELS_LAST = {"bare", "accelerate", "fabric", "ddp_amp_accum.py", "ddp_full.py", "fsdp.py"}
+
+
+def whole_command(program, nproc, batch, extra=(), channels_last=True):
+    """channels_last: the program in channels-last memory order, whatever its own default on this
+    device (equal settings: a ratio then measures the programs, not the layout); else at its own
+    default (on CPU every program's is PyTorch's, contiguous)."""
     launch = [sys.executable] if nproc is None else \
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    layout = ["--channels-last"] if defaults == "equal" else []
+    layout = ["--channels-last"] if channels_last else []
     script = ["bench/whole_run.py", "--framework", program] if program in ("bare", "accelerate", "fabric") \
         else [program]
     return [*launch, *script, *layout, *WHOLE, "--batch-size", str(batch), "--workers", "0", *extra]
@@ -239,10 +243,12 @@ def profile_section(args, rounds):
         nproc, batch = (2, 32) if ddp else (None, 64)
         measured = {"script": [], "bare": []}
         extra = ["--resume", "none"] if name == "ddp_full.py" else []
+        layout = name in CHANNELS_LAST  # the bare run in the script's layout: the same work
         for _ in range(rounds):
             for label, program, more in (("script", name, extra), ("bare", "bare", [])):
                 with tempfile.TemporaryDirectory() as out:
-                    wall, arrivals = timed_run(whole_command(program, nproc, batch, [*more, "--out-dir", out]), out)
+                    command = whole_command(program, nproc, batch, [*more, "--out-dir", out], layout)
+                    wall, arrivals = timed_run(command, out)
                     measured[label].append(phases(wall, arrivals, out))
         ratios = [s["wall"] / b["wall"] for s, b in zip(measured["script"], measured["bare"])]
         lean = [(s["wall"] - s["checkpoints"]) / b["wall"] for s, b in zip(measured["script"], measured["bare"])]
@@ -278,8 +284,8 @@ def peers_section(args, rounds):
              "the same data, model, optimizer and steps, each validating the same set and writing model.pt), all "
              f"under torchrun; medians of {rounds} rounds, each round running every program once. ddp_full.py also "
              "writes a checkpoint and checks its inputs. *Equal settings*: every program in channels-last memory "
-             "order. *Own defaults*: each as it comes — ddp_full.py by `channels_last_pays` (on CPU channels-last "
-             "for the CNN, contiguous for resnet18), the peers and the bare loop in PyTorch's contiguous layout.", "",
+             "order. *Own defaults*: each as it comes — on CPU every program in PyTorch's contiguous layout "
+             "(channels-last is ddp_full.py's default on GPUs).", "",
              "| model | settings | program | version | whole run, s | rounds | ddp_full.py / this |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     models = PEER_MODELS[-1:] if args.quick else PEER_MODELS
@@ -307,7 +313,7 @@ def peer_rows(args, rounds, models, available, versions, saved):
                 for program in available:
                     extra = ["--resume", "none"] if program == "ddp_full.py" else []
                     with tempfile.TemporaryDirectory() as out:
-                        command = whole_command(program, 2, 32, [*extra, "--out-dir", out], defaults)
+                        command = whole_command(program, 2, 32, [*extra, "--out-dir", out], defaults == "equal")
                         walls[program].append(timed_run(command, out)[0])
             full = walls["ddp_full.py"]
             best_peer = min((statistics.median(walls[p]), p) for p in available if p != "ddp_full.py")
@@ -331,7 +337,8 @@ def layout_section(args, rounds):
     lines = ["", "## Memory layout: channels-last against the default (1 process, training steps)", "",
              "Samples/s of the bare loop (`bench/bare.py`, 32x32 inputs, batch 32) with model and inputs "
              f"channels-last, over the same with PyTorch's default layout: medians of {rounds} rounds, each "
-             "round measuring both. The scripts default to channels-last (`--no-channels-last` turns it off).",
+             "round measuring both. From step 4 on the scripts default to channels-last on GPUs, contiguous on "
+             "CPU (`--channels-last` / `--no-channels-last` choose).",
              "", "| model | channels-last / default | rounds |", "| --- | --- | --- |"]
     for model in models:
         steps = 24 if model == "cnn" else 6
@@ -575,11 +582,11 @@ def seeding_section(rounds, images, quick=False):
     from PIL import Image
     from torch.utils.data import DataLoader, RandomSampler
 
-    spec = importlib.util.spec_from_file_location("single_gpu", ROOT / "single_gpu.py")
+    spec = importlib.util.spec_from_file_location("ddp_full", ROOT / "ddp_full.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     lines = ["", "## Image loading: augmentation seeded per sample against the workers' own generators", "",
-             f"One epoch of {images} PNG images (256x256 noise, 3 classes) through single_gpu.py's imagefolder "
+             f"One epoch of {images} PNG images (256x256 noise, 3 classes) through ddp_full.py's imagefolder "
              "transforms (random resized crop to 224, flip, normalize) in batches of 32, as samples/s; seeded "
              "(`SeededSamples`, the scripts' loader) over unseeded (the same dataset and sampler, drawing from "
              f"the generators of the process that loads). Medians of {rounds} interleaved rounds.", "",
@@ -603,12 +610,9 @@ def seeding_section(rounds, images, quick=False):
                     dataset = module.SeededSamples(train_set, 0) if seeded else train_set
                     sampler = RandomSampler(train_set, generator=torch.Generator().manual_seed(0))
                     sampler = module.EpochKeys(sampler) if seeded else sampler
-                    # The scripts' loader: items (sample, unreadable files), batches (batch, files).
-                    collate = module.collate_readable if seeded else None
-                    loader = DataLoader(dataset, sampler=sampler, batch_size=32, num_workers=workers,
-                                        collate_fn=collate)
+                    loader = DataLoader(dataset, sampler=sampler, batch_size=32, num_workers=workers)
                     start = time.perf_counter()
-                    count = sum(len((batch[0] if seeded else batch)[1]) for batch in loader)
+                    count = sum(len(batch[1]) for batch in loader)
                     rates[seeded] = count / (time.perf_counter() - start)
                 ratios.append(rates[True] / rates[False])
                 feeds.setdefault(workers, []).append(rates[True])

@@ -35,18 +35,18 @@ def where():
     return f"w{dist.get_world_size()}_r{dist.get_rank()}"
 
 
-sampler_iter = fsdp.ResumableDistributedSampler.__iter__
+sampler_iter = fsdp.ResumableSampler.__iter__
 
 
 def recording_iter(self):
     with open(probe_dir / f"samples_{where()}.txt", "a") as f:
         for index in sampler_iter(self):
-            f.write(f"{self.epoch} {index}\n")
+            f.write(f"{self.sampler.epoch} {index}\n")
             f.flush()
             yield index
 
 
-fsdp.ResumableDistributedSampler.__iter__ = recording_iter
+fsdp.ResumableSampler.__iter__ = recording_iter
 build_model, init_weights_from = fsdp.build_model, fsdp.init_weights_from
 
 

@@ -141,20 +141,3 @@ def test_a_run_stopped_by_max_steps_started_again_takes_no_step_more(tmp_path, s
     assert "nothing to train: the run already took 2 optimizer steps, --max-steps 2" in again.stdout
     assert [name.split(".")[0] for name in before] == ["step_000000002"]
     assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "checkpoints").iterdir()} == before
-
-
-@pytest.mark.slow  # a compatibility case: second tier, to keep the first at about 5 minutes
-def test_a_checkpoint_from_before_the_unreadable_count_still_resumes_bitwise(runs, tmp_path):
-    # Checkpoints written before the count of unreadable files hold [loss sum, samples] per
-    # process; restore() reads them as counting none. Stopped mid-epoch, such a file resumes to the
-    # same end as the uninterrupted run (whose unreadable counts are 0 too).
-    reference = runs.get("full_fp16_accum_w2", "ddp_full.py", FP16_ACCUM, nproc=2)
-    run_full(tmp_path, *FP16_ACCUM, "--max-steps", "2")
-    path = tmp_path / "checkpoints" / "step_000000002.pt"
-    checkpoint = torch.load(path, weights_only=True)
-    assert all(len(state["train_totals"]) == 3 for state in checkpoint["rank_states"])
-    for state in checkpoint["rank_states"]:
-        state["train_totals"] = state["train_totals"][:2]
-    torch.save(checkpoint, path)
-    run_full(tmp_path, *FP16_ACCUM)
-    assert_bitwise_equal(reference, tmp_path)

@@ -5,7 +5,9 @@ Each DDP script is copied with that section swapped for a task unlike the demo -
 none of the demo's flags, a buffer that state dicts leave out -- and the harness's core claims
 are checked on the copies: one process trains what DDP on 2 processes trains; accumulation
 all-reduces once per optimizer step; sharded validation equals a one-process evaluation; a run
-stopped and resumed ends bitwise equal to one never stopped. The machinery outside the section does not depend on images or classes.
+stopped and resumed ends bitwise equal to one never stopped. The machinery outside the section does
+not depend on images or classes. The section defines every name the scripts take from it
+(ddp_full.py and fsdp.py check that at start-up).
 
 Tolerances are test_equivalence.py's and test_validation.py's: float32 sums split differently
 (measured here after 16 steps: max weight difference 7.5e-8 for 2 processes, 1.2e-7 with
@@ -73,8 +75,8 @@ def pretrained_weights(args):
     raise ConfigError("this task has no pretrained weights")
 
 
-def channels_last_pays(args, device):
-    return False  # no 4-D inputs
+def shard_units(model):
+    return find_blocks(model)  # fsdp.py's units; the other scripts never call it
 
 
 def batch_loss(model, batch):

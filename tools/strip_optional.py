@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 TAG = re.compile(r"#\s*\[optional: ([^\]]+)\]\s*$")
+MAP = "A copier's map:"  # the docstring's paragraph that lists the parts, to its end
 
 
 def tag_names(match):
@@ -60,6 +61,12 @@ def strip(text, names=None):
                              f"delete only that line; put it on a line of its own above")
         else:
             drop.add(number)
+    if names is None or set(names) >= set(tags(text)):
+        # Every part deleted: the map that lists them goes too, to the end of the docstring.
+        first = next((n for n, line in enumerate(lines, start=1) if line.startswith(MAP)), None)
+        if first is not None:
+            end = next(n for n in range(first, len(lines) + 1) if lines[n - 1].startswith('"""'))
+            drop.update(range(first - (first > 1 and not lines[first - 2].strip()), end))
     kept = "".join(line for number, line in enumerate(lines, start=1) if number not in drop)
     kept = re.sub(r"\n{4,}", "\n\n\n", kept)  # two blank lines at most where a function went
     ast.parse(kept)  # still Python
