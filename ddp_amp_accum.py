@@ -37,8 +37,8 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDatas
 
 MOMENTUM = 0.9
 AMP_DTYPES = {"none": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-# Each optimizer's usual rate and decay: SGD's of the CIFAR recipes, AdamW's of PyTorch's default
-# and of the vision transformer recipes.
+# The usual rate and decay of each optimizer: SGD's from the CIFAR recipes; AdamW's rate is
+# PyTorch's default, its decay the vision transformer recipes'.
 OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.03, "weight_decay": 5e-4},
                       "adamw": {"lr": 1e-3, "weight_decay": 0.05}}
 
@@ -196,7 +196,6 @@ def evaluate(args, model, loader, device):
             sums, count = evaluate_batch(model, to_device(batch, device, args.channels_last))
         totals[:-1] += sums
         totals[-1] += count
-    model.train()
     return totals
 
 
@@ -238,7 +237,8 @@ def add_task_arguments(parser):
                         help="side of the synthetic images and of imagefolder's crops")
     parser.add_argument("--model", default="cnn",
                         help="cnn (small, no batch statistics) or a torchvision classification "
-                             "model by name: resnet18, resnet50, convnext_tiny, vit_b_16, ...")
+                             "model by name: resnet18, resnet50, convnext_tiny, ... (vit_b_16 at "
+                             "--image-size 224)")
 
 
 def make_synthetic(num_samples, seed, split, size=32):
@@ -279,18 +279,23 @@ def build_datasets(args):
     transforms = {"train": T.Compose([*augment, T.RandomHorizontalFlip(), *to_tensor]),
                   "val": T.Compose([*resize, *to_tensor])}
     try:
-        sets = [datasets.CIFAR10(args.data_dir, train=split == "train", download=args.download,
-                                 transform=transforms[split]) if args.data == "cifar10" else
-                datasets.ImageFolder(os.path.join(args.data_dir, split), transforms[split])
-                for split in ("train", "val")]
+        if args.data == "cifar10":
+            sets = [datasets.CIFAR10(args.data_dir, train=split == "train", download=args.download,
+                                     transform=transforms[split]) for split in ("train", "val")]
+        else:
+            sets = [datasets.ImageFolder(os.path.join(args.data_dir, split), transforms[split])
+                    for split in ("train", "val")]
     except (RuntimeError, OSError) as err:  # torchvision's "Dataset not found", or no images
         raise ConfigError(f"no {args.data} data in {args.data_dir!r}: {err} (cifar10: add "
                           f"--download; imagefolder: <data-dir>/train/<class>/*, "
                           f"<data-dir>/val/<class>/*)") from None
     if sets[0].classes != sets[1].classes:
         raise ConfigError(f"train and val class folders differ under {args.data_dir!r}")
-    caps = (args.train_samples, args.val_samples)
-    subsets = [Subset(s, range(min(cap, len(s)))) if cap else s for s, cap in zip(sets, caps)]
+    # A cap takes a random subset, the same in every run: an image folder lists its files class by
+    # class, and its first files would be its first classes.
+    generator = torch.Generator().manual_seed(args.seed)
+    subsets = [Subset(s, torch.randperm(len(s), generator=generator)[:cap].tolist()) if cap else s
+               for s, cap in zip(sets, (args.train_samples, args.val_samples))]
     return subsets[0], subsets[1], len(sets[0].classes)
 
 
@@ -498,7 +503,8 @@ def lr_factor(args, step, steps_per_epoch):
 
 
 def build_scheduler(args, optimizer, steps_per_epoch):
-    """The learning-rate schedule: scheduler.step() once per optimizer step, never per batch."""
+    """The learning-rate schedule: scheduler.step() once per optimizer step, not per batch (with
+    accumulation, several batches make a step)."""
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(args, step, steps_per_epoch))
 
@@ -530,7 +536,10 @@ def atomic_save(obj, path):
     """Write obj (bytes, or what torch.save takes) to a temporary file, then rename it: a reader
     sees the old file or the new, never half of one."""
     tmp = Path(path).with_name(f".{Path(path).name}.tmp")
-    tmp.write_bytes(obj) if isinstance(obj, bytes) else torch.save(obj, tmp)
+    if isinstance(obj, bytes):
+        tmp.write_bytes(obj)
+    else:
+        torch.save(obj, tmp)
     os.replace(tmp, path)
 
 
@@ -614,7 +623,8 @@ def parse_args(argv=None):
     return args
 
 
-# The least value of each numeric setting (None, a default decided later, is not checked).
+# The least value of each numeric setting (None, a default decided later, as --workers', is not
+# checked).
 AT_LEAST = {"epochs": 1, "batch_size": 1, "log_interval": 1, "workers": 0, "weight_decay": 0,
             "warmup_epochs": 0, "accum_steps": 1, "clip_grad_norm": 0}
 

@@ -76,7 +76,7 @@ import pickle
 import random
 import re
 import shutil
-import signal
+import signal  # [optional: preemption, mid-epoch]
 import sys
 import tempfile
 import time
@@ -101,18 +101,21 @@ from torch.utils.data import (DataLoader, Dataset, DistributedSampler, Sampler, 
 
 MOMENTUM = 0.9
 AMP_DTYPES = {"none": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-# Each optimizer's usual rate and decay: SGD's of the CIFAR recipes, AdamW's of PyTorch's default
-# and of the vision transformer recipes.
+# The usual rate and decay of each optimizer: SGD's from the CIFAR recipes; AdamW's rate is
+# PyTorch's default, its decay the vision transformer recipes'.
 OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.03, "weight_decay": 5e-4},
                       "adamw": {"lr": 1e-3, "weight_decay": 0.05}}
 # A resumed run continues the same training: every setting must match the checkpoint's but these,
-# which change how the run goes on, not what it computes (speed settings change rounding at most;
-# augmentation is seeded per sample, whatever --workers). --epochs too, with --lr-schedule
-# constant only: the cosine schedule is laid over --epochs.
-RESUME_MAY_CHANGE = ("workers", "out_dir", "log_interval", "resume", "ckpt_steps", "ckpt_epochs",
-                     "keep_last", "max_steps", "backend", "local_rank", "timeout_min",
-                     "channels_last", "tf32", "cudnn_benchmark", "compile", "init_from",
-                     "activation_checkpointing", "replicas")
+# which change how the run goes on, not what it computes (speed settings change rounding at most).
+# --epochs too, with --lr-schedule constant only: the cosine schedule is laid over --epochs.
+RESUME_MAY_CHANGE = ("workers", "out_dir", "log_interval", "resume", "ckpt_epochs", "keep_last",
+                     "ckpt_steps", "max_steps",  # [optional: mid-epoch]
+                     "local_rank",  # [optional: legacy launcher]
+                     "compile",  # [optional: compile]
+                     "activation_checkpointing",  # [optional: recompute]
+                     "replicas",  # [optional: hybrid]
+                     "init_from",  # [optional: init-from]
+                     "backend", "timeout_min", "channels_last", "tf32", "cudnn_benchmark")
 # A checkpoint is a directory: one file of shards per process, torch.distributed.checkpoint's
 # .metadata, and train_state.pt (what is not sharded).
 CHECKPOINT_NAME = re.compile(r"^step_(\d+)$")
@@ -201,7 +204,11 @@ def train(args):
     out_dir = Path(args.out_dir)
     # A resumed run rewrites the records of the epochs its checkpoint has seen, no more.
     rank0_only(rank, write_metrics, out_dir / "metrics.jsonl", state.history)
-    if not log_resume(args, checkpoint_path, state):
+    log_resume(args, checkpoint_path, state)
+    # [optional: mid-epoch]
+    if 0 < args.max_steps <= state.global_step:  # a requeued job: the same command, no step more
+        log(f"nothing to train: the run already took {state.global_step} optimizer steps, "
+            f"--max-steps {args.max_steps}; without it (or with a larger one) the run continues")
         return 0
     # [optional: preemption, mid-epoch]
     PREEMPTION.start()
@@ -277,7 +284,10 @@ def main(argv=None):
 
 def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, state):
     """Train for the rest of the epoch; return [loss sum, samples, unreadable files] over the
-    epoch, all processes, or None where every process stops (`state` holds the last step)."""
+    epoch, all processes.
+    # [optional: mid-epoch]
+    None: every process stops at this step (--max-steps, SIGTERM); `state` holds it.
+    """
     model.train()
     # This process's sums so far in the epoch: zero at its start, or from a mid-epoch checkpoint.
     totals = state.train_totals.clone()
@@ -365,8 +375,11 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
 @torch.no_grad()
 def evaluate(args, model, loader, device):
     """Return the sums of EVAL_METRICS, the number of samples and of unreadable files over the
-    whole set, or None where every process stops: sums, since a mean over batches of different
-    sizes is not the mean over samples. Each process scores its shard; one all-reduce adds them."""
+    whole set: sums, since a mean over batches of different sizes is not the mean over samples.
+    Each process scores its shard; one all-reduce adds them.
+    # [optional: preemption, mid-epoch]
+    None: every process stops at this batch (SIGTERM).
+    """
     # Every process scores its shard with rank 0's buffers (BatchNorm's running statistics), those
     # of the model saved: FSDP shards parameters, not buffers, and each process updates its own.
     broadcast_buffers(model)
@@ -398,7 +411,6 @@ def evaluate(args, model, loader, device):
     # The root's parameters stay gathered after its forward, for the backward that follows in
     # training; none follows here: back to shards.
     model.reshard()
-    model.train()
     dist.all_reduce(totals)
     return totals
 
@@ -456,7 +468,8 @@ def add_task_arguments(parser):
                         help="side of the synthetic images and of imagefolder's crops")
     parser.add_argument("--model", default="cnn",
                         help="cnn (small, no batch statistics) or a torchvision classification "
-                             "model by name: resnet18, resnet50, convnext_tiny, vit_b_16, ...")
+                             "model by name: resnet18, resnet50, convnext_tiny, ... (vit_b_16 at "
+                             "--image-size 224)")
 
 
 def make_synthetic(num_samples, seed, split, size=32):
@@ -497,18 +510,23 @@ def build_datasets(args):
     transforms = {"train": T.Compose([*augment, T.RandomHorizontalFlip(), *to_tensor]),
                   "val": T.Compose([*resize, *to_tensor])}
     try:
-        sets = [datasets.CIFAR10(args.data_dir, train=split == "train", download=args.download,
-                                 transform=transforms[split]) if args.data == "cifar10" else
-                datasets.ImageFolder(os.path.join(args.data_dir, split), transforms[split])
-                for split in ("train", "val")]
+        if args.data == "cifar10":
+            sets = [datasets.CIFAR10(args.data_dir, train=split == "train", download=args.download,
+                                     transform=transforms[split]) for split in ("train", "val")]
+        else:
+            sets = [datasets.ImageFolder(os.path.join(args.data_dir, split), transforms[split])
+                    for split in ("train", "val")]
     except (RuntimeError, OSError) as err:  # torchvision's "Dataset not found", or no images
         raise ConfigError(f"no {args.data} data in {args.data_dir!r}: {err} (cifar10: add "
                           f"--download; imagefolder: <data-dir>/train/<class>/*, "
                           f"<data-dir>/val/<class>/*)") from None
     if sets[0].classes != sets[1].classes:
         raise ConfigError(f"train and val class folders differ under {args.data_dir!r}")
-    caps = (args.train_samples, args.val_samples)
-    subsets = [Subset(s, range(min(cap, len(s)))) if cap else s for s, cap in zip(sets, caps)]
+    # A cap takes a random subset, the same in every run: an image folder lists its files class by
+    # class, and its first files would be its first classes.
+    generator = torch.Generator().manual_seed(args.seed)
+    subsets = [Subset(s, torch.randperm(len(s), generator=generator)[:cap].tolist()) if cap else s
+               for s, cap in zip(sets, (args.train_samples, args.val_samples))]
     return subsets[0], subsets[1], len(sets[0].classes)
 
 
@@ -1105,7 +1123,8 @@ def lr_factor(args, step, steps_per_epoch):
 
 
 def build_scheduler(args, optimizer, steps_per_epoch):
-    """The learning-rate schedule: scheduler.step() once per optimizer step, never per batch."""
+    """The learning-rate schedule: scheduler.step() once per optimizer step, not per batch (with
+    accumulation, several batches make a step)."""
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(args, step, steps_per_epoch))
 
@@ -1671,7 +1690,10 @@ def atomic_save(obj, path):
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:
-            f.write(obj) if isinstance(obj, bytes) else torch.save(obj, f)
+            if isinstance(obj, bytes):
+                f.write(obj)
+            else:
+                torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -1863,7 +1885,8 @@ def parse_args(argv=None):
     return args
 
 
-# The least value of each numeric setting (None, a default decided later, is not checked).
+# The least value of each numeric setting (None, a default decided later, as --workers', is not
+# checked).
 AT_LEAST = {"epochs": 1, "batch_size": 1, "log_interval": 1, "workers": 0, "weight_decay": 0,
             "warmup_epochs": 0, "accum_steps": 1, "clip_grad_norm": 0,
             "ckpt_steps": 0, "max_steps": 0,  # [optional: mid-epoch]
@@ -1940,25 +1963,19 @@ def recipe(args):
 
 
 def log_resume(args, checkpoint_path, state):
-    """Say where a resumed run goes on, or that nothing is left to train. False when --max-steps is
-    reached already: the same command run again (a requeued job) takes no step more, each time."""
+    """Say where a resumed run goes on, or that it already completed every epoch."""
     if checkpoint_path is not None:
         log(f"resumed from {checkpoint_path}: epoch {state.epoch + 1}, step {state.step_in_epoch}")
     if state.epoch >= args.epochs:
         log(f"nothing to train: the run already completed {state.epoch} epochs; start afresh with "
             f"--resume none or another --out-dir (or, with --lr-schedule constant, raise --epochs)")
-    # [optional: mid-epoch]
-    elif 0 < args.max_steps <= state.global_step:
-        log(f"nothing to train: the run already took {state.global_step} optimizer steps, "
-            f"--max-steps {args.max_steps}; without it (or with a larger one) the run continues")
-        return False
-    return True
 
 
 def log_epoch(record, epochs):
     metrics = " ".join(f"val_{name} {record[f'val_{name}']:.4f}" for name in EVAL_METRICS)
     unreadable = record.get("train_unreadable", 0) + record["val_unreadable"]  # epoch 0: val only
     skipped = f" | unreadable files skipped: {unreadable}" if unreadable else ""
+    # [optional: init-from]
     if record["epoch"] == 0:  # the starting weights of a fine-tuning run: no training yet
         log(f"epoch 0/{epochs} (starting weights) {metrics} ({record['val_samples']} samples)")
         return

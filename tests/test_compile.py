@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import check, launch, run_ok, weights
-from test_equivalence import ACCUM, ACCUM_STEPS_PER_RUN, accumulation_run, assert_same_training
+from test_equivalence import ACCUM, ACCUM_STEPS_PER_RUN, TIE_WEIGHT_ATOL, accumulation_run, assert_same_training
 from test_validation import load_script
 
 pytestmark = pytest.mark.slow  # the second tier: python -m pytest -n 2 -m slow tests
@@ -61,7 +61,9 @@ def test_single_gpu_compiled_saves_plain_keys(tmp_path):
 
 
 # ddp_full, 2 processes x 8: 12 optimizer steps an epoch, 24 in all; stopped after 5 in one mode,
-# finished in the other. Compiled and eager arithmetic differ by rounding only: WEIGHT_ATOL.
+# finished in the other. Compiled and eager arithmetic differ by rounding, which here also breaks
+# one ReLU or max-pool tie the other way: measured 1.33e-5, the event test_equivalence.py's
+# TIE_WEIGHT_ATOL allows for (PyTorch's default layout; in channels-last the tie did not flip).
 FULL = ["--batch-size", "8"]
 
 
@@ -76,7 +78,7 @@ def test_a_checkpoint_resumes_across_compile_and_eager(runs, tmp_path, first, th
     assert set(checkpoint["model"]) == set(weights(reference))  # plain keys, whatever the mode
     resumed = run_full(tmp_path, *FULL, *then)
     assert "step_000000005.pt: epoch 1, step 5" in resumed.stdout
-    assert_same_training(reference, tmp_path)
+    assert_same_training(reference, tmp_path, atol=TIE_WEIGHT_ATOL)
 
 
 def test_fsdp_compiled_before_sharding_captures_the_model_and_trains_what_eager_fsdp_trains(runs):

@@ -300,7 +300,8 @@ MANIFEST = {
             "log_epoch": [("record[\"epoch\"] == 0", "initfrom"), ("", "reported")],
             "train": [("sync_bn", "syncbn"), ("bucket", "buckets"), ("init_from", "initfrom"),
                       ("check_model_fits", "checks"), ("PREEMPTION", "preempt"),
-                      ("stop_run", "midepoch"), ("set_start", "midepoch"), ("[optional:", "map"),
+                      ("stop_run", "midepoch"), ("set_start", "midepoch"), ("max_steps", "midepoch"),
+                      ("[optional:", "map"),
                       ("del checkpoint", "restore"), ("start_or_resume(", "restore"),
                       ("find_checkpoint", "resume"), ("log_resume", "resume"),
                       ("A resumed run rewrites", "resume"), ("out_dir = Path", "resume"),
@@ -319,7 +320,7 @@ MANIFEST = {
                        "ReadableSamples", "readable_sets", "report_unreadable", "write_error", "check_task",
                        "check_model_fits",
                        "init_weights_from"},
-        "diff_size": (933, 76),
+        "diff_size": (941, 78),
     },
     "fsdp.py": {
         "concepts": [
@@ -475,6 +476,6 @@ MANIFEST = {
         "mechanisms": {"shard_model", "precision_policies", "spare_batch", "check_shards", "shard_write_error",
                        "broadcast_buffers", "recompute_in_backward", "buffers_kept", "device_mesh",
                        "find_blocks", "check_units", "shard_units"},
-        "diff_size": (561, 124),
+        "diff_size": (562, 124),
     },
 }

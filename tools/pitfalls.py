@@ -436,8 +436,8 @@ PITFALLS = [
                    "the checkpoint then resumes with validation",
         "fix": [("ddp_full.py", "longest = math.ceil(len(loader.dataset) / dist.get_world_size())")],
         "guards": ["tests/test_cluster.py::test_sigterm_during_validation_stops_within_two_batches_and_resume_is_bitwise"],
-        "mutation": ("ddp_full.py", "        if PREEMPTION.stop_agreed():\n            return None\n    model.train()\n",
-                     "    model.train()\n"),
+        "mutation": ("ddp_full.py", "        if PREEMPTION.stop_agreed():\n            return None\n    dist.all_reduce(totals)\n",
+                     "    dist.all_reduce(totals)\n"),
     },
     {
         "title": "DataParallel handing a GPU one sample",

@@ -7,7 +7,8 @@ The rule, stated in ddp_full.py's and fsdp.py's docstrings with their parts and 
 gives up (the copier's map): a line that is only the tag goes, with what it stands above -- the
 statement or except clause that starts on the next line that is not a comment (a whole `if`,
 function or class), or, inside a statement (a docstring), the next line; a line that ends in the
-tag goes alone (a decorator, an argument, an entry of a literal). A tag may name two parts,
+tag goes alone (a one-line statement, a decorator, an argument, an entry of a literal). A section
+("# --- title") left with no code goes too. A tag may name two parts,
 "# [optional: A, B]": what it tags goes when either goes (a part that needs another).
 tests/test_copiers_map.py runs what this leaves.
 """
@@ -19,6 +20,7 @@ from pathlib import Path
 
 TAG = re.compile(r"#\s*\[optional: ([^\]]+)\]\s*$")
 MAP = "A copier's map:"  # the docstring's paragraph that lists the parts, to its end
+SECTION = "# --- "  # a section's header
 
 
 def tag_names(match):
@@ -56,7 +58,7 @@ def strip(text, names=None):
             while below <= len(lines) and lines[below - 1].lstrip().startswith("#"):
                 below += 1  # the comments that explain the statement go with it
             drop.update(range(number, extent.get(below, below) + 1))
-        elif number in extent and number not in decorators:
+        elif number in extent and extent[number] > number and number not in decorators:
             raise ValueError(f"line {number}: a tag at the end of a statement's first line would "
                              f"delete only that line; put it on a line of its own above")
         else:
@@ -67,8 +69,13 @@ def strip(text, names=None):
         if first is not None:
             end = next(n for n in range(first, len(lines) + 1) if lines[n - 1].startswith('"""'))
             drop.update(range(first - (first > 1 and not lines[first - 2].strip()), end))
-    kept = "".join(line for number, line in enumerate(lines, start=1) if number not in drop)
-    kept = re.sub(r"\n{4,}", "\n\n\n", kept)  # two blank lines at most where a function went
+    kept = [line for number, line in enumerate(lines, start=1) if number not in drop]
+    # A section ("# --- title") whose code all went: its header and comments go too.
+    headers = [k for k, line in enumerate(kept) if line.startswith(SECTION)] + [len(kept)]
+    for start, end in reversed(list(zip(headers, headers[1:]))):
+        if all(not line.strip() or line.lstrip().startswith("#") for line in kept[start:end]):
+            del kept[start:end]
+    kept = re.sub(r"\n{4,}", "\n\n\n", "".join(kept))  # two blank lines at most where code went
     ast.parse(kept)  # still Python
     return kept
 
