@@ -110,6 +110,7 @@ def test_a_gpu_check_launch_past_its_budget_is_stopped_with_all_its_processes(tm
     assert result.startswith("OVER BUDGET: stopped at 2 s") and seconds < 10, (result, seconds)
 
 
+@pytest.mark.slow  # 20 s of a sleeping torchrun worker: second tier
 def test_a_gpu_check_launch_past_its_budget_stops_torchruns_workers_too(tmp_path):
     # torchrun starts each worker in a session of its own: stopping the agent's group alone would
     # leave the worker running (on a GPU, holding it while the next launch starts).

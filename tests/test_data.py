@@ -1,6 +1,8 @@
 """Data paths: an image tree in the ImageFolder layout, and the default synthetic run learning."""
 import re
 
+import pytest
+
 from conftest import CLASSES, IMAGEFOLDER, ROOT, check, launch, metrics, weights
 
 # A number as the scripts print one: 1228, 0.0174, 1.12947e-06, the parts of 0:00:01.
@@ -32,6 +34,7 @@ def test_quickstart_training_ends_with_the_lines_the_readme_shows(tmp_path):
     assert abs(accuracy[0] - accuracy[1]) <= QUICKSTART_VAL_ACC_ATOL, accuracy
 
 
+@pytest.mark.slow  # every default, 5 epochs on 2 processes: second tier
 def test_default_synthetic_run_learns_and_prints_no_warnings(tmp_path):
     # The launch README's "Launching" shows (2 processes, every default), but for the output directory.
     result = launch("ddp_full.py", ["--out-dir", str(tmp_path)], nproc=2)

@@ -58,6 +58,7 @@ BATCHNORM = ["--model", "resnet18", "--workers", "0", "--train-samples", "48", "
              "--batch-size", "8", "--accum-steps", "2", "--log-interval", "1000"]
 
 
+@pytest.mark.slow  # resnet18 on 2 processes, three runs: the second tier keeps the first at about 6 minutes
 def test_resume_of_a_batchnorm_model_is_bitwise_equal_to_an_uninterrupted_run(runs, tmp_path):
     reference = runs.get("full_bn_accum_w2", "ddp_full.py", BATCHNORM, nproc=2)
     run_full(tmp_path, *BATCHNORM, "--max-steps", "1")
