@@ -53,6 +53,11 @@ def train(args):
     log(f"device {device} x {max(torch.cuda.device_count(), 1)} | {describe(model)} | "
         f"{len(train_set)} train / {len(val_set)} val")
     if args.compile:
+        # Each replica copies the model's attributes, the compiled call among them, which would run
+        # the original model, on the first GPU, with every GPU's share of the batch.
+        if torch.cuda.device_count() > 1:
+            raise ConfigError("--compile does not work with DataParallel over several GPUs: use "
+                              "one GPU (CUDA_VISIBLE_DEVICES=0) or ddp_basic.py")
         # In place: the model keeps its class and its state_dict keys (torch.compile(model) would
         # return a wrapper that prefixes every key with "_orig_mod."), so model.pt loads anywhere.
         model.compile()
@@ -134,7 +139,7 @@ def evaluate(args, model, loader, device):
         sums, count = evaluate_batch(model, to_device(batch, device))
         totals[:-1] += sums
         totals[-1] += count
-    return totals
+    return totals.cpu()  # waits for the GPU: validation's time is read after it
 
 
 def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds, lr):
@@ -302,6 +307,9 @@ def build_loaders(args, train_set, val_set, device):
     train_sampler = RandomSampler(train_set, generator=torch.Generator())
     # A short last batch could leave a GPU one sample, on which BatchNorm fails: it is dropped,
     # fewer than --batch-size samples an epoch, others each epoch.
+    if len(train_set) < args.batch_size:
+        raise ConfigError(f"--batch-size {args.batch_size} is more than the {len(train_set)} "
+                          f"training samples: an epoch would have no batch")
     return (DataLoader(train_set, sampler=train_sampler, drop_last=True, **loader_args),
             DataLoader(val_set, shuffle=False, **loader_args))
 
@@ -443,6 +451,9 @@ POSITIVE = ("lr",)
 
 def check_args(args):
     """Reject settings that cannot work before any work is done."""
+    for name, value in vars(args).items():
+        if isinstance(value, float) and not math.isfinite(value):  # nan and inf fail no comparison
+            raise ConfigError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
     for name, least in AT_LEAST.items():
         value = getattr(args, name)
         if value is not None and value < least:

@@ -153,7 +153,7 @@ def evaluate(args, model, loader, device):
         sums, count = evaluate_batch(model, to_device(batch, device))
         totals[:-1] += sums
         totals[-1] += count
-    return totals
+    return totals.cpu()  # waits for the GPU: validation's time is read after it
 
 
 def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds, lr):
@@ -333,12 +333,13 @@ def setup_distributed(args):
     gc.freeze()  # what exists now lives to the end: the garbage collector need not walk it again
     # A collective that waits longer than this ends the job: the most one process may work alone.
     timeout = datetime.timedelta(minutes=args.timeout_min)
+    # device_id binds the group to this process's GPU: nccl connects now, not at a first collective.
+    device_id = device if device.type == "cuda" else None
     if "RANK" in os.environ:
-        dist.init_process_group(backend, timeout=timeout,
-                                device_id=device if device.type == "cuda" else None)
+        dist.init_process_group(backend, timeout=timeout, device_id=device_id)
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
-                                timeout=timeout)
+                                timeout=timeout, device_id=device_id)
     return rank, local_rank, world_size, device
 
 
@@ -578,6 +579,9 @@ POSITIVE = ("lr", "timeout_min")
 
 def check_args(args):
     """Reject settings that cannot work before any work is done."""
+    for name, value in vars(args).items():
+        if isinstance(value, float) and not math.isfinite(value):  # nan and inf fail no comparison
+            raise ConfigError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
     for name, least in AT_LEAST.items():
         value = getattr(args, name)
         if value is not None and value < least:

@@ -60,7 +60,6 @@ import itertools  # [optional: mid-epoch]
 import json
 import math
 import os
-import pickle
 import random
 import re
 import shutil  # [optional: full disk]
@@ -189,7 +188,7 @@ def train(args):
             f"--max-steps {args.max_steps}; without it (or with a larger one) the run continues")
         return 0
     # [optional: preemption, mid-epoch]
-    PREEMPTION.start()
+    PREEMPTION.start(datetime.timedelta(minutes=args.timeout_min))
 
     for epoch in range(state.epoch, args.epochs):
         # Without set_epoch the sampler repeats epoch 0's order in every epoch.
@@ -295,9 +294,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
         totals[0] += loss.detach().double() * count
         totals[1] += count
         # [optional: preemption, mid-epoch]
-        # A stop goes back to the last optimizer step, which `state` still describes.
-        if PREEMPTION.stop_agreed():
-            return None
+        PREEMPTION.poll()  # every batch, so that all agree soon; they stop after the group's step
         if not last_in_group:
             continue
         grad_norm = None
@@ -319,7 +316,6 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
         # `state` follows every optimizer step: a checkpoint holds the last one.
         state.step_in_epoch, state.global_step = step, state.global_step + 1
         state.train_totals, state.rng = totals.clone(), rng_state()
-        state.train_seconds = start_seconds + time.perf_counter() - start
         if step % args.log_interval == 0 or step == num_steps:
             samples = totals[1].item()  # waits for the GPU: the clock is read after it
             elapsed = time.perf_counter() - start
@@ -330,6 +326,11 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
                 f"{(samples - start_samples) * dist.get_world_size() / elapsed:.0f} samples/s"
                 f"{peak_memory(device)} | "
                 f"eta {format_seconds(elapsed / (step - first_step) * (num_steps - step))}")
+        # After the progress line's wait for the GPU, which the epoch's last step always has.
+        state.train_seconds = start_seconds + time.perf_counter() - start
+        # [optional: preemption, mid-epoch]
+        if PREEMPTION.agreed:  # after the step: the forwards' BatchNorm statistics are the step's
+            return None
         # [optional: mid-epoch]
         # Mid-epoch only: at the epoch's end validation and the epoch's checkpoint come first.
         if step < num_steps and 0 < args.max_steps <= state.global_step:
@@ -371,10 +372,10 @@ def evaluate(args, model, loader, device):
             totals[:-2] += sums
             totals[-2] += count
         # [optional: preemption, mid-epoch]
-        if PREEMPTION.stop_agreed():
+        if PREEMPTION.poll():
             return None
     dist.all_reduce(totals)
-    return totals
+    return totals.cpu()  # waits for the GPU: validation's time is read after it
 
 
 def val_record(val_totals):
@@ -581,12 +582,13 @@ def setup_distributed(args):
     gc.freeze()  # what exists now lives to the end: the garbage collector need not walk it again
     # A collective that waits longer than this ends the job: the most one process may work alone.
     timeout = datetime.timedelta(minutes=args.timeout_min)
+    # device_id binds the group to this process's GPU: nccl connects now, not at a first collective.
+    device_id = device if device.type == "cuda" else None
     if "RANK" in os.environ:
-        dist.init_process_group(backend, timeout=timeout,
-                                device_id=device if device.type == "cuda" else None)
+        dist.init_process_group(backend, timeout=timeout, device_id=device_id)
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
-                                timeout=timeout)
+                                timeout=timeout, device_id=device_id)
     return rank, local_rank, world_size, device
 
 
@@ -647,36 +649,36 @@ class Preemption:
     """SIGTERM turned into a stop that every process makes at the same batch.
 
     Schedulers send SIGTERM before SIGKILL; torchrun forwards it to every worker, and SIGKILLs
-    them after --shutdown-timeout (30 s). After each batch the processes all-reduce the flag on a
-    CPU (gloo) group; each check reads the previous batch's result and starts its own, so none
-    waits, and all stop at the same batch, at most two batches after the signal.
+    them after --shutdown-timeout (30 s). At each batch the processes all-reduce the flag on a
+    CPU (gloo) group; each poll reads the previous batch's result and starts its own, so none
+    waits, and all agree at the same batch, at most two batches after the signal.
     """
 
     def __init__(self):
         self.requested = self.agreed = False
         self.group = self.pending = self.previous_handler = None
 
-    def start(self):
-        self.group = dist.new_group(backend="gloo")
+    def start(self, timeout):
+        self.requested = self.agreed = False
+        self.group = dist.new_group(backend="gloo", timeout=timeout)
         self.previous_handler = signal.signal(signal.SIGTERM, self.request)
 
     def request(self, signum, frame):
         self.requested = True
 
-    def stop_agreed(self):
-        """Whether every process stops now (always False before start: nothing to save yet)."""
+    def poll(self):
+        """Whether every process has agreed to stop, once and for all (always False before start:
+        nothing to save yet)."""
         if self.pending is not None:
             work, flag = self.pending
             self.pending = None  # waited for here, not again in close(), if the wait fails
             work.wait()
             self.agreed = flag.item() > 0
-            if self.agreed:
-                return True
-        if self.group is not None:
+        if self.group is not None and not self.agreed:
             flag = torch.tensor([float(self.requested)])
             work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
             self.pending = work, flag
-        return False
+        return self.agreed
 
     def close(self):
         """Finish the last all-reduce, which every process started, and give SIGTERM back: an
@@ -885,7 +887,8 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
     # The others wait for rank 0's verdict: a write that fails stops every process here.
     rank0_only(rank, atomic_save, checkpoint, path)
     if rank == 0:
-        for old in list_checkpoints(ckpt_dir)[args.keep_last:]:
+        # The lowest steps go, never the one just written (a run afresh among a longer one's).
+        for old in [p for p in list_checkpoints(ckpt_dir) if p != path][args.keep_last - 1:]:
             old.unlink()
     where = f"end of epoch {state.epoch}" if state.step_in_epoch == 0 else \
         f"epoch {state.epoch + 1} step {state.step_in_epoch}"
@@ -906,9 +909,10 @@ def load_checkpoint(path, args, world_size):
         # takes no other), and load_state_dict copies weights and optimizer state to the model's.
         # weights_only: tensors and plain containers only, so loading a file runs no code from it.
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else "empty or truncated"
-        raise ConfigError(f"checkpoint {path} cannot be read: {reason}") from None
+    except Exception as err:  # weights_only runs nothing from the file: what fails is the file
+        reason = (str(err).strip().splitlines() or [""])[0]
+        raise ConfigError(f"checkpoint {path} cannot be read: {type(err).__name__} {reason}") \
+            from None
     if not isinstance(checkpoint, dict) or "rank_states" not in checkpoint:
         raise ConfigError(f"checkpoint {path} was not written by this script")
     settings, saved = vars(args), checkpoint["config"]
@@ -1200,9 +1204,10 @@ def read_state_dict(path):
     try:
         # weights_only: tensors and plain containers only, so loading a file runs no code from it.
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else "empty or truncated"
-        raise ConfigError(f"--init-from {path} cannot be read: {reason}") from None
+    except Exception as err:  # weights_only runs nothing from the file: what fails is the file
+        reason = (str(err).strip().splitlines() or [""])[0]
+        raise ConfigError(f"--init-from {path} cannot be read: {type(err).__name__} {reason}") \
+            from None
     if isinstance(state, dict) and isinstance(state.get("model"), dict):
         state = state["model"]  # a training checkpoint
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
@@ -1339,8 +1344,7 @@ TASK_HOOKS = {
                       "its sample count)",
     "EVAL_METRICS": "EVAL_METRICS names the metrics whose sums evaluate_batch returns",
     "add_task_arguments": "add_task_arguments(parser) adds the task's flags (it may add none)",
-    "pretrained_weights": "pretrained_weights(args) returns the state dict of --init-from "
-                          "pretrained (or raises ConfigError)",
+    "pretrained_weights": "pretrained_weights(args) returns a state dict",  # [optional: init-from]
     "RESUME_MAY_CHANGE_TASK": "RESUME_MAY_CHANGE_TASK names the task's flags a resume may change",
 }
 
@@ -1348,10 +1352,10 @@ TASK_HOOKS = {
 # [optional: section check]
 def check_task():
     """Before any work: a section "your data and model" that lacks a name the script uses is one
-    line naming it, not a NameError midway."""
-    for name, what in TASK_HOOKS.items():
-        if name not in globals():
-            raise ConfigError(f"the section \"your data and model\" has no {name}: {what}")
+    line naming each, not a NameError midway."""
+    missing = [f"{name}: {what}" for name, what in TASK_HOOKS.items() if name not in globals()]
+    if missing:
+        raise ConfigError(f"the section \"your data and model\" has no {'; no '.join(missing)}")
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -1468,6 +1472,9 @@ POSITIVE = ("lr",
 
 def check_args(args):
     """Reject settings that cannot work before any work is done."""
+    for name, value in vars(args).items():
+        if isinstance(value, float) and not math.isfinite(value):  # nan and inf fail no comparison
+            raise ConfigError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
     for name, least in AT_LEAST.items():
         value = getattr(args, name)
         if value is not None and value < least:

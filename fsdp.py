@@ -140,8 +140,8 @@ MAX_UNREADABLE_IN_A_ROW = 16
 def train(args):
     rank, local_rank, world_size, device = setup_distributed(args)
     configure_cuda(args, device)
-    # Rank 0 writes the results: if it cannot, every process stops now, not after training.
-    rank0_only(rank, prepare_out_dir, args)
+    # Every process writes its shards: if one cannot, every process stops now, not after training.
+    rank0_first(rank, prepare_out_dir, args)
     train_set, val_set, num_outputs = rank0_first(rank, build_datasets, args)
     # [optional: model check]
     check_model_fits(args, num_outputs, train_set, val_set, world_size)
@@ -211,7 +211,7 @@ def train(args):
             f"--max-steps {args.max_steps}; without it (or with a larger one) the run continues")
         return 0
     # [optional: preemption, mid-epoch]
-    PREEMPTION.start()
+    PREEMPTION.start(datetime.timedelta(minutes=args.timeout_min))
 
     for epoch in range(state.epoch, args.epochs):
         # Without set_epoch the sampler repeats epoch 0's order in every epoch.
@@ -318,9 +318,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
         totals[0] += loss.detach().double() * count
         totals[1] += count
         # [optional: preemption, mid-epoch]
-        # A stop goes back to the last optimizer step, which `state` still describes.
-        if PREEMPTION.stop_agreed():
-            return None
+        PREEMPTION.poll()  # every batch, so that all agree soon; they stop after the group's step
         if not last_in_group:
             continue
         grad_norm = None
@@ -344,7 +342,6 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
         # `state` follows every optimizer step: a checkpoint holds the last one.
         state.step_in_epoch, state.global_step = step, state.global_step + 1
         state.train_totals, state.rng = totals.clone(), rng_state()
-        state.train_seconds = start_seconds + time.perf_counter() - start
         state.epoch_position = first_position + ((step - first_step) * args.accum_steps *
                                                  args.batch_size * world_size)
         if step % args.log_interval == 0 or step == num_steps:
@@ -359,6 +356,11 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
                 f"{(samples - start_samples) * world_size / elapsed:.0f} samples/s"
                 f"{peak_memory(device)} | "
                 f"eta {format_seconds(elapsed / (step - first_step) * (num_steps - step))}")
+        # After the progress line's wait for the GPU, which the epoch's last step always has.
+        state.train_seconds = start_seconds + time.perf_counter() - start
+        # [optional: preemption, mid-epoch]
+        if PREEMPTION.agreed:  # after the step: the forwards' BatchNorm statistics are the step's
+            return None
         # [optional: mid-epoch]
         # Mid-epoch only: at the epoch's end validation and the epoch's checkpoint come first.
         if step < num_steps and 0 < args.max_steps <= state.global_step:
@@ -406,13 +408,13 @@ def evaluate(args, model, loader, device):
             spare = spare if spare is not None else spare_batch(loader, device, args.channels_last)
             evaluate_batch(model, spare)
         # [optional: preemption, mid-epoch]
-        if PREEMPTION.stop_agreed():
+        if PREEMPTION.poll():
             return None
     # The root's parameters stay gathered after its forward, for the backward that follows in
     # training; none follows here: back to shards.
     model.reshard()
     dist.all_reduce(totals)
-    return totals
+    return totals.cpu()  # waits for the GPU: validation's time is read after it
 
 
 def spare_batch(loader, device, channels_last):
@@ -643,12 +645,13 @@ def setup_distributed(args):
     gc.freeze()  # what exists now lives to the end: the garbage collector need not walk it again
     # A collective that waits longer than this ends the job: the most one process may work alone.
     timeout = datetime.timedelta(minutes=args.timeout_min)
+    # device_id binds the group to this process's GPU: nccl connects now, not at a first collective.
+    device_id = device if device.type == "cuda" else None
     if "RANK" in os.environ:
-        dist.init_process_group(backend, timeout=timeout,
-                                device_id=device if device.type == "cuda" else None)
+        dist.init_process_group(backend, timeout=timeout, device_id=device_id)
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
-                                timeout=timeout)
+                                timeout=timeout, device_id=device_id)
     return rank, local_rank, world_size, device
 
 
@@ -732,36 +735,36 @@ class Preemption:
     """SIGTERM turned into a stop that every process makes at the same batch.
 
     Schedulers send SIGTERM before SIGKILL; torchrun forwards it to every worker, and SIGKILLs
-    them after --shutdown-timeout (30 s). After each batch the processes all-reduce the flag on a
-    CPU (gloo) group; each check reads the previous batch's result and starts its own, so none
-    waits, and all stop at the same batch, at most two batches after the signal.
+    them after --shutdown-timeout (30 s). At each batch the processes all-reduce the flag on a
+    CPU (gloo) group; each poll reads the previous batch's result and starts its own, so none
+    waits, and all agree at the same batch, at most two batches after the signal.
     """
 
     def __init__(self):
         self.requested = self.agreed = False
         self.group = self.pending = self.previous_handler = None
 
-    def start(self):
-        self.group = dist.new_group(backend="gloo")
+    def start(self, timeout):
+        self.requested = self.agreed = False
+        self.group = dist.new_group(backend="gloo", timeout=timeout)
         self.previous_handler = signal.signal(signal.SIGTERM, self.request)
 
     def request(self, signum, frame):
         self.requested = True
 
-    def stop_agreed(self):
-        """Whether every process stops now (always False before start: nothing to save yet)."""
+    def poll(self):
+        """Whether every process has agreed to stop, once and for all (always False before start:
+        nothing to save yet)."""
         if self.pending is not None:
             work, flag = self.pending
             self.pending = None  # waited for here, not again in close(), if the wait fails
             work.wait()
             self.agreed = flag.item() > 0
-            if self.agreed:
-                return True
-        if self.group is not None:
+        if self.group is not None and not self.agreed:
             flag = torch.tensor([float(self.requested)])
             work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
             self.pending = work, flag
-        return False
+        return self.agreed
 
     def close(self):
         """Finish the last all-reduce, which every process started, and give SIGTERM back: an
@@ -1171,12 +1174,6 @@ def set_rng_state(state):
 def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
     """Write everything an exact resume needs; every process writes its own shards, in parallel,
     and rank 0 the rest. The checkpoint appears under its name only when all of it is written."""
-    # [optional: preemption, mid-epoch]
-    if state.global_step == 0:
-        # Stopped before the first optimizer step: a fresh start is this very point, and the
-        # optimizer has no state yet for a checkpoint to hold.
-        log("stopped before the first optimizer step: nothing to checkpoint")
-        return
     start, rank = time.perf_counter(), dist.get_rank()
     # Each process draws its own random numbers and holds its own partial sums: rank 0 gathers
     # them, and a resume on as many processes gives each back to the process of the same rank.
@@ -1199,8 +1196,7 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
     tmp = ckpt_dir / f".{path.name}.tmp"
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)  # what a write cut short left
-    dist.barrier()
-    tmp.mkdir(parents=True, exist_ok=True)  # by every process: each writes its own file there
+    dist.barrier()  # dcp.save then makes it anew, on every process: each writes its own file there
     # Buffers (BatchNorm's running statistics) are not sharded, and each process has updated its
     # own: dcp.save keeps one copy, from whichever process its plan picks. Rank 0's, those of the
     # model validated and saved, go to every process first, so the copy kept is rank 0's.
@@ -1232,10 +1228,12 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
         # step before (a stop right after a --ckpt-steps checkpoint) goes aside first.
         old = ckpt_dir / f".{path.name}.old"
         if path.exists():
+            shutil.rmtree(old, ignore_errors=True)  # what a stop during a rename left
             os.replace(path, old)
         os.replace(tmp, path)
         shutil.rmtree(old, ignore_errors=True)
-        for old in list_checkpoints(ckpt_dir)[args.keep_last:]:
+        # The lowest steps go, never the one just written (a run afresh among a longer one's).
+        for old in [p for p in list_checkpoints(ckpt_dir) if p != path][args.keep_last - 1:]:
             shutil.rmtree(old)
     where = f"end of epoch {state.epoch}" if state.step_in_epoch == 0 else \
         f"epoch {state.epoch + 1} step {state.step_in_epoch}"
@@ -1290,9 +1288,10 @@ def load_checkpoint(path, args):
         # weights_only: tensors and plain containers only, so loading a file runs no code from it.
         checkpoint = torch.load(Path(path) / "train_state.pt", map_location="cpu",
                                 weights_only=True)
-    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else "empty or truncated"
-        raise ConfigError(f"checkpoint {path} cannot be read: {reason}") from None
+    except Exception as err:  # weights_only runs nothing from the file: what fails is the file
+        reason = (str(err).strip().splitlines() or [""])[0]
+        raise ConfigError(f"checkpoint {path} cannot be read: {type(err).__name__} {reason}") \
+            from None
     if not isinstance(checkpoint, dict) or "rank_states" not in checkpoint:
         raise ConfigError(f"checkpoint {path} was not written by this script")
     check_shards(path)
@@ -1620,9 +1619,10 @@ def read_state_dict(path):
     try:
         # weights_only: tensors and plain containers only, so loading a file runs no code from it.
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else "empty or truncated"
-        raise ConfigError(f"--init-from {path} cannot be read: {reason}") from None
+    except Exception as err:  # weights_only runs nothing from the file: what fails is the file
+        reason = (str(err).strip().splitlines() or [""])[0]
+        raise ConfigError(f"--init-from {path} cannot be read: {type(err).__name__} {reason}") \
+            from None
     if isinstance(state, dict) and isinstance(state.get("model"), dict):
         state = state["model"]  # a training checkpoint
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
@@ -1759,8 +1759,7 @@ TASK_HOOKS = {
                       "its sample count)",
     "EVAL_METRICS": "EVAL_METRICS names the metrics whose sums evaluate_batch returns",
     "add_task_arguments": "add_task_arguments(parser) adds the task's flags (it may add none)",
-    "pretrained_weights": "pretrained_weights(args) returns the state dict of --init-from "
-                          "pretrained (or raises ConfigError)",
+    "pretrained_weights": "pretrained_weights(args) returns a state dict",  # [optional: init-from]
     "RESUME_MAY_CHANGE_TASK": "RESUME_MAY_CHANGE_TASK names the task's flags a resume may change",
     "shard_units": "shard_units(model) returns the modules fsdp.py shards one by one (a default: "
                    "find_blocks)",
@@ -1770,10 +1769,10 @@ TASK_HOOKS = {
 # [optional: section check]
 def check_task():
     """Before any work: a section "your data and model" that lacks a name the script uses is one
-    line naming it, not a NameError midway."""
-    for name, what in TASK_HOOKS.items():
-        if name not in globals():
-            raise ConfigError(f"the section \"your data and model\" has no {name}: {what}")
+    line naming each, not a NameError midway."""
+    missing = [f"{name}: {what}" for name, what in TASK_HOOKS.items() if name not in globals()]
+    if missing:
+        raise ConfigError(f"the section \"your data and model\" has no {'; no '.join(missing)}")
 
 
 def check_torch():
@@ -1899,6 +1898,9 @@ POSITIVE = ("lr", "timeout_min")
 
 def check_args(args):
     """Reject settings that cannot work before any work is done."""
+    for name, value in vars(args).items():
+        if isinstance(value, float) and not math.isfinite(value):  # nan and inf fail no comparison
+            raise ConfigError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
     for name, least in AT_LEAST.items():
         value = getattr(args, name)
         if value is not None and value < least:

@@ -117,7 +117,7 @@ def evaluate(args, model, loader, device):
         sums, count = evaluate_batch(model, to_device(batch, device))
         totals[:-1] += sums
         totals[-1] += count
-    return totals
+    return totals.cpu()  # waits for the GPU: validation's time is read after it
 
 
 def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds, lr):
@@ -424,6 +424,9 @@ POSITIVE = ("lr",)
 
 def check_args(args):
     """Reject settings that cannot work before any work is done."""
+    for name, value in vars(args).items():
+        if isinstance(value, float) and not math.isfinite(value):  # nan and inf fail no comparison
+            raise ConfigError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
     for name, least in AT_LEAST.items():
         value = getattr(args, name)
         if value is not None and value < least:

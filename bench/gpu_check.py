@@ -7,13 +7,15 @@
 It runs on the torch it finds (nothing to install) and uses every visible GPU: the DDP and FSDP runs
 are one process per GPU (torchrun --nproc_per_node=<all>). Each result names the world it ran in. On
 a machine with one GPU that world is one process, where nothing is sharded and no collective crosses
-processes; there the correctness part adds runs of two processes sharing the GPU, started by two
-torchrun agents and joined over gloo with CUDA tensors: DDP's all-reduce, SyncBatchNorm, sharded
-validation and FSDP's gathers across processes, which nccl cannot do on one GPU.
+processes; there the correctness part adds runs of ddp_full.py in two processes sharing the GPU,
+started by two torchrun agents and joined over gloo with CUDA tensors: DDP's all-reduce,
+SyncBatchNorm and sharded validation, which nccl cannot do on one GPU (FSDP across processes needs
+two GPUs).
 
 Every launch has a budget of seconds and is stopped when it spends it; the budgets of a part add up
 to at most PART_LIMIT_S. Results go to OUT_DIR/<part>.md, a row written as each launch ends (a part
-stopped from outside still leaves what it finished), and each launch's output to OUT_DIR/logs/.
+stopped from outside still leaves what it finished), and each launch's output to logs/ in
+OUT_DIR/logs.tar.gz, packed anew as each launch ends (two files to carry back from a machine).
 Exit status: 0 all ok, 1 a check failed or ran over its budget, 2 no CUDA or bad arguments.
 """
 import argparse
@@ -25,6 +27,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -264,7 +267,7 @@ def free_port():
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("part", choices=["correctness", "speed"])
-    parser.add_argument("out_dir", nargs="?", help="where results.md and logs/ go (required unless --dry-run)")
+    parser.add_argument("out_dir", nargs="?", help="where <part>.md and logs.tar.gz go (required unless --dry-run)")
     parser.add_argument("--dry-run", action="store_true", help="print the launches and their budgets; run nothing")
     parser.add_argument("--gpus", type=int, default=None,
                         help="plan for this many GPUs (default: those visible; 1 in a dry run without CUDA)")
@@ -295,8 +298,9 @@ def main(argv=None):
         print(f"gpu_check: the {args.part} part's budgets add up to {total} s, over --limit {args.limit}",
               file=sys.stderr)
         return 2
-    out = Path(args.out_dir)
-    (out / "logs").mkdir(parents=True, exist_ok=True)
+    out, logs = Path(args.out_dir), tmp / "logs"
+    out.mkdir(parents=True, exist_ok=True)
+    logs.mkdir(parents=True, exist_ok=True)
     results = out / f"{args.part}.md"
     lines = header(args.part, gpus)
     lines += ["| check | world | result | seconds (budget) | what it shows |", "| --- | --- | --- | --- | --- |"]
@@ -304,13 +308,15 @@ def main(argv=None):
     failed, speeds = 0, {}
     try:
         for launch in plan:
-            result, seconds, output = run(launch, out / "logs")
+            result, seconds, output = run(launch, logs)
             failed += result != "ok" and not result.startswith("ok (")
             speeds[launch.name] = speed_of(output)
             with open(results, "a") as f:
                 f.write(f"| {launch.name} | {launch.world} | {result} | {seconds:.0f} ({launch.budget}) | "
                         f"{launch.shows} |\n")
             print(f"gpu_check: {launch.name}: {result} in {seconds:.0f} s", flush=True)
+            with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
+                tar.add(logs, arcname="logs")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # the runs' checkpoints and models: what they showed is in the table
     if args.part == "speed":

@@ -54,6 +54,14 @@ def test_batch_size_zero_is_one_clear_error(script, tmp_path, capsys):
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_a_learning_rate_that_is_not_a_finite_number_is_one_clear_error(script, value, tmp_path, capsys):
+    # nan passes `<= 0` unnoticed: a run would train to nan weights, overwrite model.pt and exit 0.
+    result = call_main(script, [*TINY, "--lr", value, "--out-dir", str(tmp_path)], capsys)
+    assert_one_clear_error(result, script, f"--lr must be a finite number, got {value}")
+
+
 @pytest.mark.parametrize("script", ["ddp_amp_accum.py", "ddp_full.py"])
 def test_accum_steps_zero_is_one_clear_error(script, tmp_path, capsys):
     result = call_main(script, [*TINY, "--accum-steps", "0", "--out-dir", str(tmp_path)], capsys)
@@ -63,6 +71,20 @@ def test_accum_steps_zero_is_one_clear_error(script, tmp_path, capsys):
 def test_bucket_cap_mb_zero_is_one_clear_error(tmp_path, capsys):
     result = call_main("ddp_full.py", [*TINY, "--bucket-cap-mb", "0", "--out-dir", str(tmp_path)], capsys)
     assert_one_clear_error(result, "ddp_full.py", "--bucket-cap-mb must be positive, got 0.0")
+
+
+def test_dataparallel_with_fewer_training_samples_than_a_batch_is_one_clear_error(tmp_path, capsys):
+    # DataParallel drops the short last batch: an epoch of 32 samples in batches of 64 has none.
+    result = call_main("dataparallel.py", [*TINY, "--train-samples", "32", "--batch-size", "64", "--out-dir",
+                                           str(tmp_path)], capsys)
+    assert_one_clear_error(result, "dataparallel.py", "--batch-size 64 is more than the 32 training samples")
+
+
+def test_dataparallel_compile_over_several_gpus_is_one_clear_error(tmp_path, capsys, monkeypatch):
+    # CPU stand-in for 2 GPUs: the check reads torch.cuda.device_count() alone.
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    result = call_main("dataparallel.py", [*TINY, "--compile", "--out-dir", str(tmp_path)], capsys)
+    assert_one_clear_error(result, "dataparallel.py", "--compile does not work with DataParallel over several GPUs")
 
 
 def blocked_out_dir(tmp_path):
@@ -153,6 +175,15 @@ def test_resume_of_a_truncated_checkpoint_is_one_clear_error_naming_it(finished_
                                     "--out-dir", str(finished_run)])
     assert_one_clear_error(result, "ddp_full.py", f"checkpoint {bad} cannot be read")
     assert snapshot(finished_run) == before
+
+
+@pytest.mark.parametrize("content", [b"hello\n", b"\x80\x02}q\x00.", b"PK\x03\x04"], ids=["text", "pickle", "zip"])
+def test_resume_of_a_file_torch_save_did_not_write_is_one_clear_error_naming_it(content, tmp_path, capsys):
+    # torch.load of such a file raises whatever its bytes lead to (KeyError, IndexError, struct.error...).
+    bad = tmp_path / "not_a_checkpoint.pt"
+    bad.write_bytes(content)
+    result = call_main("ddp_full.py", [*TINY, "--resume", str(bad), "--out-dir", str(tmp_path / "out")], capsys)
+    assert_one_clear_error(result, "ddp_full.py", f"checkpoint {bad} cannot be read")
 
 
 def test_resume_of_a_checkpoint_for_another_architecture_is_one_clear_error(finished_run, tmp_path):

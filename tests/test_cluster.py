@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from conftest import LAUNCH_TIMEOUT, ROOT, TINY, base_env, check, command, launch, metrics, weights
 from test_bad_input import assert_one_clear_error, call_main, snapshot
-from test_resume import assert_bitwise_equal
+from test_resume import BATCHNORM, assert_bitwise_equal
 
 # 512 samples, 2 processes x 8: 32 steps per epoch, 64 in all, a checkpoint every 10 steps. Long
 # enough (seconds) for a signal to land after the first checkpoint and before the end.
@@ -225,8 +225,8 @@ def test_sigterm_during_validation_stops_within_two_batches_and_resume_is_bitwis
     # validation still to come. Acted on only at the epoch's end, it would first finish validation
     # and write epoch 1's metrics.
     reference = runs.get("full_val97_w2", "ddp_full.py", IN_VALIDATION, nproc=2)
-    stopped = launch("tests/sigterm_in_validation.py", [*TINY, *IN_VALIDATION, "--out-dir", str(tmp_path)],
-                     nproc=2, env={"SIGTERM_RANK": "0", "SIGTERM_AT_SAMPLE": "40"})
+    stopped = launch("tests/sigterm_at_sample.py", ["ddp_full.py", *TINY, *IN_VALIDATION, "--out-dir", str(tmp_path)],
+                     nproc=2, env={"SIGTERM_IN": "val", "SIGTERM_RANK": "0", "SIGTERM_AT_SAMPLE": "40"})
     # (Its exit status, 75, is tested without torchrun below: here the first process to exit with
     # it makes torchrun stop the other, as it stops a group after any failure.)
     assert "preempted at step 12: checkpoint written" in stopped.stdout, stopped.stdout + stopped.stderr
@@ -235,6 +235,29 @@ def test_sigterm_during_validation_stops_within_two_batches_and_resume_is_bitwis
     assert (checkpoint["epoch"], checkpoint["step_in_epoch"], checkpoint["history"]) == (0, 12, [])
     resumed = check(launch("ddp_full.py", [*TINY, *IN_VALIDATION, "--out-dir", str(tmp_path)], nproc=2))
     assert "step_000000012.pt: epoch 1, step 12" in resumed.stdout
+    assert_bitwise_equal(reference, tmp_path)
+
+
+# SIGTERM reaches rank 0 as it loads micro-batch 0 or 1 of its 3 (test_resume's resnet18 run:
+# steps of 2 and 1 a process per epoch); all agree a batch later, at micro-batch 1 or 2, whose
+# forward has moved BatchNorm's running statistics. Stopped before the step, the checkpoint would
+# hold the step before with those statistics, and the resume would move them again. The stop
+# comes after the step: step 1, mid-epoch, or step 2, the epoch's last (validation to come).
+PREEMPTED_AT = {"0": 1, "8": 2}
+
+
+@pytest.mark.slow  # resnet18, three runs a case
+@pytest.mark.parametrize("sample", PREEMPTED_AT)
+@pytest.mark.parametrize("script", ["ddp_full.py", "fsdp.py"])
+def test_sigterm_stops_after_the_optimizer_step_and_a_batchnorm_model_resumes_bitwise(script, sample, runs,
+                                                                                       tmp_path):
+    reference = runs.get(f"{script[:-3]}_bn_accum_w2", script, BATCHNORM, nproc=2)
+    stopped = launch("tests/sigterm_at_sample.py", [script, *TINY, *BATCHNORM, "--out-dir", str(tmp_path)],
+                     nproc=2, env={"SIGTERM_IN": "train", "SIGTERM_RANK": "0", "SIGTERM_AT_SAMPLE": sample})
+    step = PREEMPTED_AT[sample]
+    assert f"preempted at step {step}: checkpoint written" in stopped.stdout, stopped.stdout + stopped.stderr
+    resumed = check(launch(script, [*TINY, *BATCHNORM, "--out-dir", str(tmp_path)], nproc=2))
+    assert f"epoch 1, step {step}" in resumed.stdout, resumed.stdout
     assert_bitwise_equal(reference, tmp_path)
 
 

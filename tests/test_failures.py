@@ -27,8 +27,8 @@ SCRIPTS = ["single_gpu.py", "dataparallel.py", "ddp_basic.py", "ddp_amp_accum.py
 DDP_SCRIPTS = SCRIPTS[2:]
 EXIT_WRITE_FAILED = 74  # EX_IOERR: the scripts' status for a write that failed
 
-SMALL_DISK = '''size=$1 disk=$2 left=$3; shift 3
-mount -t tmpfs -o size="$size"k tmpfs "$disk" || exit 99
+SMALL_DISK = '''options=$1 disk=$2 left=$3; shift 3
+mount -t tmpfs -o "$options" tmpfs "$disk" || exit 99
 "$@"; status=$?
 cp -a "$disk/." "$left/"
 exit $status
@@ -44,12 +44,14 @@ def can_mount(tmp_path_factory):
         pytest.skip(f"a small file system needs a private mount namespace, refused here: {result.stderr.strip()}")
 
 
-def on_small_disk(tmp_path, size_kib, script, args, nproc=None):
-    """Launch with --out-dir on a file system of size_kib KiB; return (result, the out-dir as it was left)."""
+def on_small_disk(tmp_path, size_kib, script, args, nproc=None, inodes=None):
+    """Launch with --out-dir on a file system of size_kib KiB (and as many files and directories as
+    `inodes` says, the root among them); return (result, the out-dir as it was left)."""
     disk, left = tmp_path / "disk", tmp_path / "left"
     disk.mkdir()
     left.mkdir()
-    wrap = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", SMALL_DISK, "sh", str(size_kib),
+    options = f"size={size_kib}k" + (f",nr_inodes={inodes}" if inodes else "")
+    wrap = ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", SMALL_DISK, "sh", options,
             str(disk), str(left)]
     result = launch(script, [*args, "--out-dir", str(disk / "run")], nproc=nproc, wrap=wrap)
     assert result.returncode != 99, result.stderr
@@ -119,6 +121,22 @@ def test_a_full_disk_at_a_sharded_checkpoint_leaves_no_partial_directory_and_res
     assert_bitwise_equal(straight, moved)
 
 
+@pytest.mark.slow
+def test_a_sharded_checkpoint_directory_that_cannot_be_made_is_one_line_per_process_exit_74(can_mount, tmp_path):
+    # 4 inodes: the disk's root, run/, metrics.jsonl and checkpoints/; the checkpoint's directory is
+    # the fifth, which dcp.save makes on every process (a full disk refuses a directory as a file).
+    result, left = on_small_disk(tmp_path, 20 * 1024, "fsdp.py", [*TINY, "--batch-size", "8"], nproc=2, inodes=4)
+    disk = tmp_path / "disk" / "run"
+    lines = error_lines(result, "fsdp.py")
+    assert len(lines) == 2, result.stderr
+    for line in lines:
+        assert re.search(rf"rank \d: cannot write its shards of {disk}/checkpoints/step_000000012: No space left on "
+                         "device", line), line
+    assert not script_traceback(result, "fsdp.py"), result.stderr
+    assert stopped_together(result, EXIT_WRITE_FAILED), result.stderr
+    assert hidden_files(left) == []
+
+
 # --- an error that only some processes meet ------------------------------------------------------
 
 # The first tier runs the script users copy; the second tier the other three.
@@ -146,6 +164,20 @@ def test_data_that_one_process_cannot_see_is_a_line_from_that_process(script, im
         result.stderr
     assert not script_traceback(result, script), result.stderr
     assert stopped_together(result, 2), result.stderr
+
+
+@pytest.mark.slow  # fsdp: the first tier keeps ddp_basic's case above
+def test_an_out_dir_one_process_cannot_write_stops_fsdp_at_start_with_a_line_from_that_process(tmp_path):
+    # Every process of fsdp.py writes its shards there (under DDP rank 0 alone writes): each checks.
+    out_dir = tmp_path / "out"
+    result = launch("tests/missing_on_one_rank.py", [str(ROOT / "fsdp.py"), *TINY, "--out-dir", str(out_dir)],
+                    nproc=2, env={"MISSING_RANK": "1", "MISSING_DIR": str(out_dir)})
+    lines = error_lines(result, "fsdp.py")
+    assert len(lines) == 1 and lines[0].startswith(f"fsdp.py: error: rank 1: cannot write to --out-dir {out_dir}"), \
+        result.stderr
+    assert not script_traceback(result, "fsdp.py"), result.stderr
+    assert stopped_together(result, 2), result.stderr
+    assert not (out_dir / "metrics.jsonl").exists()  # stopped before any work
 
 
 # --- the section "your data and model" -----------------------------------------------------------

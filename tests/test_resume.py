@@ -60,7 +60,7 @@ BATCHNORM = ["--model", "resnet18", "--workers", "0", "--train-samples", "48", "
 
 @pytest.mark.slow  # resnet18 on 2 processes, three runs: the second tier keeps the first at about 6 minutes
 def test_resume_of_a_batchnorm_model_is_bitwise_equal_to_an_uninterrupted_run(runs, tmp_path):
-    reference = runs.get("full_bn_accum_w2", "ddp_full.py", BATCHNORM, nproc=2)
+    reference = runs.get("ddp_full_bn_accum_w2", "ddp_full.py", BATCHNORM, nproc=2)
     run_full(tmp_path, *BATCHNORM, "--max-steps", "1")
     middle = run_full(tmp_path, *BATCHNORM, "--max-steps", "2")
     assert "step_000000001.pt: epoch 1, step 1" in middle.stdout
@@ -142,3 +142,16 @@ def test_a_run_stopped_by_max_steps_started_again_takes_no_step_more(tmp_path, s
     assert "nothing to train: the run already took 2 optimizer steps, --max-steps 2" in again.stdout
     assert [name.split(".")[0] for name in before] == ["step_000000002"]
     assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "checkpoints").iterdir()} == before
+
+
+def test_a_run_afresh_among_a_longer_runs_checkpoints_keeps_the_checkpoint_it_wrote(tmp_path, capsys):
+    # One process, in this interpreter. A's checkpoints are steps 8 and 12 (epochs 2 and 3 of 4
+    # steps); B, afresh with --resume none, writes step 4 among them: --keep-last 2 keeps it, and A's
+    # highest, not A's two with B's deleted as it is written.
+    from test_bad_input import call_main
+
+    args = [*TINY, "--train-samples", "64", "--batch-size", "16", "--keep-last", "2", "--out-dir", str(tmp_path)]
+    assert call_main("ddp_full.py", [*args, "--epochs", "3"], capsys).returncode == 0
+    assert call_main("ddp_full.py", [*args, "--epochs", "1", "--resume", "none"], capsys).returncode == 0
+    kept = sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*.pt"))
+    assert kept == ["step_000000004.pt", "step_000000012.pt"], kept

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ladder import ROOT  # noqa: E402
 from pitfalls import PITFALLS  # noqa: E402
 
-IGNORE = shutil.ignore_patterns(".git", ".venv", "runs", "data", "__pycache__", ".pytest_cache", "docs")
+IGNORE = shutil.ignore_patterns(".git", ".venv", "runs", "data", "__pycache__", ".pytest_cache")
 
 
 def check(number, pitfall):

@@ -436,8 +436,20 @@ PITFALLS = [
                    "the checkpoint then resumes with validation",
         "fix": [("ddp_full.py", "longest = math.ceil(len(loader.dataset) / dist.get_world_size())")],
         "guards": ["tests/test_cluster.py::test_sigterm_during_validation_stops_within_two_batches_and_resume_is_bitwise"],
-        "mutation": ("ddp_full.py", "        if PREEMPTION.stop_agreed():\n            return None\n    dist.all_reduce(totals)\n",
+        "mutation": ("ddp_full.py", "        if PREEMPTION.poll():\n            return None\n    dist.all_reduce(totals)\n",
                      "    dist.all_reduce(totals)\n"),
+    },
+    {
+        "title": "A stop between a forward and its optimizer step",
+        "mistake": "acting on an agreed stop at the batch it is agreed at, before the step its forwards belong to",
+        "symptom": "the forwards since the last step have moved BatchNorm's running statistics; the checkpoint holds "
+                   "the last step with them, and the resume runs those forwards again: a BatchNorm model resumes "
+                   "to other weights (resnet18: 60 of 122 tensors differ), a model without buffers bitwise",
+        "correct": "poll the flag at every batch, so that all agree soon, and stop after the group's optimizer step",
+        "fix": [("ddp_full.py", "if PREEMPTION.agreed:  # after the step"), ("fsdp.py", "if PREEMPTION.agreed:  # after the step")],
+        "guards": ["tests/test_cluster.py::test_sigterm_stops_after_the_optimizer_step_and_a_batchnorm_model_resumes_bitwise"],
+        "mutation": ("ddp_full.py", "        PREEMPTION.poll()  # every batch, so that all agree soon; they stop after the group's step\n",
+                     "        if PREEMPTION.poll():\n            return None\n"),
     },
     {
         "title": "DataParallel handing a GPU one sample",
