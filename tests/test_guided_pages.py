@@ -1,6 +1,8 @@
-"""A guided page (tools/make_diffs.py) is read in one pass: each section uses only names that
-earlier sections or steps introduce, shows a handful of regions and the whole code of its
-concept's mechanism, and nothing twice; the README states each page's size."""
+"""A guided page (tools/make_diffs.py) is read in one pass: it opens with the change in brief, the
+lines a reader writes to port the step, each under a link to its section; each section uses only
+names that earlier sections or steps introduce, shows a handful of regions and the whole code of its
+concept's mechanism, and nothing twice. The Markdown page (what GitHub shows) holds all of it, and
+renders as written; the README states each page's size."""
 import re
 import sys
 
@@ -11,7 +13,7 @@ from conftest import ROOT
 sys.path.insert(0, str(ROOT / "tools"))
 import ladder  # noqa: E402
 import make_diffs  # noqa: E402
-from ladder_manifest import FRAME, MANIFEST  # noqa: E402
+from ladder_manifest import BRIEF, CHANGES_ROUNDING, FRAME, MANIFEST  # noqa: E402
 
 GUIDED = [(index, old, new) for index, (old, new) in enumerate(ladder.STEPS, 1)
           if len([key for key, _, _ in MANIFEST[new]["concepts"] if key not in FRAME]) > 1]
@@ -20,6 +22,10 @@ STEP_IDS = [new for _, _, new in GUIDED]
 
 def page(index, old, new):
     return make_diffs.guided_page(index, old, new, ROOT)
+
+
+def markdown_page(index, old, new):
+    return make_diffs.guided_markdown(index, old, new, ROOT)
 
 
 @pytest.mark.parametrize("index, old, new", GUIDED, ids=STEP_IDS)
@@ -112,13 +118,84 @@ def test_a_new_definition_that_only_serves_bookkeeping_is_folded_to_its_docstrin
     assert rows[-1][2].startswith("\u22ef the body: lines "), rows[-1]
 
 
-def test_readme_states_the_text_size_of_every_guided_page():
+@pytest.mark.parametrize("index, old, new", GUIDED, ids=STEP_IDS)
+def test_every_mechanism_is_shown_whole_on_the_markdown_page_too(index, old, new):
+    # The Markdown page is the one GitHub shows: it must hold what the HTML page holds.
+    text = markdown_page(index, old, new)
+    regions = ladder.regions(ladder.read(new, ROOT))
+    for name in MANIFEST[new].get("mechanisms", ()):
+        for line in regions[name]:
+            if line.strip():
+                assert f"\n+{line}\n" in text, (name, line)
+
+
+@pytest.mark.parametrize("index, old, new", GUIDED, ids=STEP_IDS)
+def test_the_markdown_page_renders_a_heading_per_section_and_a_diff_block_per_region(index, old, new):
+    # Parsed as CommonMark (GitHub's Markdown is a superset): a fence left open or a line read as
+    # markup would swallow or split the blocks that follow it.
+    from markdown_it import MarkdownIt
+    sections = make_diffs.guided_sections(old, new, ROOT)
+    tokens = MarkdownIt("commonmark").parse(markdown_page(index, old, new))
+    h2 = [tokens[k + 1].content for k, t in enumerate(tokens) if t.type == "heading_open" and t.tag == "h2"]
+    assert h2 == ["The change in brief", "The sections", *[s["title"] for s in sections]]
+    fences = [t for t in tokens if t.type == "fence"]
+    assert [t.info for t in fences if t.info == "diff"] == ["diff"] * sum(len(s["regions"]) for s in sections)
+    assert len([t for t in fences if t.info == "python"]) == len(BRIEF[new])
+    assert not [t for t in tokens if t.type in ("html_block", "html_inline")]
+
+
+@pytest.mark.parametrize("index, old, new", GUIDED, ids=STEP_IDS)
+def test_the_change_in_brief_is_20_to_40_lines_each_under_its_concepts_section(index, old, new):
+    # The issue's size for the lines a reader writes to port a step: enough to hold every concept's
+    # core, few enough to read before the sections.
+    blocks = make_diffs.brief(new, ROOT)
+    assert 20 <= make_diffs.brief_size(blocks) <= 40, make_diffs.brief_size(blocks)
+    concepts = [key for key, _, _ in MANIFEST[new]["concepts"] if key not in FRAME]
+    assert [key for key, _ in blocks] == [key for key in concepts if key in dict(blocks)]
+    numbers = [number for _, block in blocks for _, rows in block for number, _ in rows if number]
+    assert len(numbers) == len(set(numbers)), "a line shown in two concepts' blocks"
+    text = markdown_page(index, old, new)
+    titles = {key: title for key, title, _ in MANIFEST[new]["concepts"]}
+    for key, _ in blocks:
+        assert f"**[{titles[key]}](#{make_diffs.github_slug(titles[key])})**" in text, key
+
+
+@pytest.mark.parametrize("index, old, new", GUIDED, ids=STEP_IDS)
+def test_every_line_of_the_brief_is_the_scripts_own(index, old, new):
+    # Generated from the script, not written beside it: a brief line is a line of the script without
+    # its indentation (and a copier's-map tag); "..." stands for lines left out.
+    script = ladder.read(new, ROOT).splitlines()
+    for _, block in make_diffs.brief(new, ROOT):
+        for _, rows in block:
+            for number, text in rows:
+                if number is not None:
+                    assert make_diffs.without_tags(script[number - 1]).endswith(text) and text.strip(), text
+
+
+def test_a_brief_anchor_found_on_two_lines_stops_the_generator(monkeypatch):
+    monkeypatch.setitem(BRIEF, "ddp_basic.py", [("group", ['rank = int(os.environ.get("RANK", 0))'])])
+    with pytest.raises(SystemExit, match="found 2 times"):
+        make_diffs.brief("ddp_basic.py", ROOT)
+
+
+def test_the_4_to_5_page_says_when_a_resume_is_bitwise_naming_every_setting_a_resume_may_change():
+    may_change = make_diffs.script_constant("ddp_full.py", "RESUME_MAY_CHANGE", ROOT)
+    task = make_diffs.script_constant("ddp_full.py", "RESUME_MAY_CHANGE_TASK", ROOT)
+    assert set(CHANGES_ROUNDING) <= set(may_change), set(CHANGES_ROUNDING) - set(may_change)
+    note = next(line for line in markdown_page(4, "ddp_amp_accum.py", "ddp_full.py").splitlines()
+                if line.startswith("**When a resume is bitwise.**"))
+    for name in (*may_change, *task):
+        assert f"`--{name.replace('_', '-')}`" in note, name
+    assert "use_deterministic_algorithms" in note and "CUBLAS_WORKSPACE_CONFIG" in note
+
+
+def test_readme_states_the_size_of_every_markdown_guided_page():
     readme = (ROOT / "README.md").read_text()
     for index, old, new in GUIDED:
         name = make_diffs.diff_name(index, old, new)
-        row = next(line for line in readme.splitlines() if f"({'docs/diffs/' + name}.guided.html)" in line)
-        size = make_diffs.text_size(page(index, old, new))
-        assert f"{size:,} characters" in row, (name, size, row)
+        row = next(line for line in readme.splitlines() if line.startswith("|") and f"(docs/diffs/{name}.guided.md)" in line)
+        size = len(markdown_page(index, old, new))
+        assert f"{size // 1000} K characters" in row, (name, size, row)
 
 
 def test_a_removed_marker_gives_the_removed_statement_its_own_concept():

@@ -1,9 +1,11 @@
-"""A user who copies a DDP script replaces its section "your data and model" and nothing else.
+"""A user who copies a script replaces its section "your data and model" and nothing else.
 
-Each DDP script is copied with that section swapped for a task unlike the demo -- token sequences
+Each script is copied with that section swapped for the one docs/your-task.md shows whole, a task
+unlike the demo -- token sequences
 (int64) through an embedding, a regression target, mean squared error and mean absolute error,
 none of the demo's flags, a buffer that state dicts leave out -- and the harness's core claims
-are checked on the copies: one process trains what DDP on 2 processes trains; accumulation
+are checked on the copies: single_gpu.py and dataparallel.py train what one DDP process trains;
+one process trains what DDP on 2 processes trains; accumulation
 all-reduces once per optimizer step; sharded validation equals a one-process evaluation; a run
 stopped and resumed ends bitwise equal to one never stopped. The machinery outside the section does
 not depend on images or classes. The section defines every name the scripts take from it
@@ -15,6 +17,7 @@ accumulation; validation metrics within 2.2e-8, relative, of the one-process eva
 """
 import importlib.util
 import json
+import re
 import sys
 
 import pytest
@@ -30,76 +33,28 @@ import ladder  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the second tier: python -m pytest -n 2 -m slow tests
 
-SEAM = '''
-# --- your data and model ------------------------------------------------------------------------
-# A task of the test's own: the mean weight of a sequence's tokens, learnt by a bag of embeddings.
-
-VOCAB, LENGTH = 50, 12
-EVAL_METRICS = ("loss", "mae")
-RESUME_MAY_CHANGE_TASK = ()
 
 
-def add_task_arguments(parser):
-    parser.add_argument("--sequences", type=int, default=256, help="training sequences")
+def section_on_the_page():
+    """The whole section docs/your-task.md shows, under its heading "A whole section for another
+    task": read from the page, so that what a reader copies is what the suite runs."""
+    page = (ROOT / "docs" / "your-task.md").read_text()
+    part = page[page.index("## A whole section for another task"):]
+    return "\n" + re.search(r"```python\n(.*?)```", part, re.S).group(1)
 
 
-def make_sequences(num_samples, seed):
-    tokens = torch.randint(VOCAB, (num_samples, LENGTH), generator=torch.Generator().manual_seed(seed))
-    token_weights = torch.randn(VOCAB, generator=torch.Generator().manual_seed(1234))
-    return TensorDataset(tokens, token_weights[tokens].mean(dim=1, keepdim=True))
-
-
-def build_datasets(args):
-    return make_sequences(args.sequences, 2 * args.seed + 1), make_sequences(101, 2 * args.seed + 2), 1
-
-
-class BagOfTokens(nn.Module):
-    def __init__(self, num_outputs):
-        super().__init__()
-        self.embedding = nn.Embedding(VOCAB, 16)
-        self.head = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, num_outputs))
-        # A buffer that state dicts leave out, as a transformer's causal mask or rotary tables are:
-        # every process must still have it (fsdp.py builds the model's values on rank 0 alone).
-        self.register_buffer("position_weights", torch.linspace(0.5, 1.5, LENGTH)[:, None],
-                             persistent=False)
-
-    def forward(self, tokens):
-        return self.head((self.embedding(tokens) * self.position_weights).mean(dim=1))
-
-
-def build_model(args, num_outputs):
-    return BagOfTokens(num_outputs)
-
-
-def pretrained_weights(args):
-    raise ConfigError("this task has no pretrained weights")
-
-
-def shard_units(model):
-    return find_blocks(model)  # fsdp.py's units; the other scripts never call it
-
-
-def batch_loss(model, batch):
-    tokens, targets = batch
-    return F.mse_loss(model(tokens), targets), len(targets)
-
-
-def evaluate_batch(model, batch):
-    tokens, targets = batch
-    predictions = model(tokens).float()
-    squared = F.mse_loss(predictions, targets, reduction="sum")
-    return torch.stack([squared.double(), (predictions - targets).abs().sum().double()]), len(targets)
-'''
+SEAM = section_on_the_page()
 # 256 sequences, 2 epochs: global batch 32 (1 x 32, 2 x 16, 2 x 8 x 2 micro-batches): 16 steps.
 ARGS = ["--epochs", "2", "--log-interval", "1000", "--lr", "0.2"]
 DDP_SCRIPTS = ["ddp_basic.py", "ddp_amp_accum.py", "ddp_full.py", "fsdp.py"]
+COPIED = ["single_gpu.py", "dataparallel.py", *DDP_SCRIPTS]
 
 
 @pytest.fixture(scope="module")
 def copies(tmp_path_factory):
-    """The DDP scripts with only their seam replaced, as a user's copies."""
+    """The scripts with only their seam replaced, as a user's copies."""
     folder = tmp_path_factory.mktemp("copies")
-    for name in DDP_SCRIPTS:
+    for name in COPIED:
         (folder / name).write_text(ladder.replace_seam(ladder.read(name, ROOT), SEAM))
     (folder / "count_allreduces.py").write_text((ROOT / "tests" / "count_allreduces.py").read_text())
     return folder
@@ -109,7 +64,7 @@ def run(copies, runs, name, script, args, nproc, **kwargs):
     return runs.get(name, str(copies / script), [*ARGS, *args], nproc=nproc, tiny=False, **kwargs)
 
 
-@pytest.mark.parametrize("script", DDP_SCRIPTS)
+@pytest.mark.parametrize("script", COPIED)
 def test_only_the_seam_differs_and_no_demo_flag_is_left(copies, script):
     original, copy = ladder.regions(ladder.read(script, ROOT)), ladder.regions((copies / script).read_text())
     seam = set(ladder.regions(SEAM.replace("# --- your", "x = 0\n# --- your", 1))) - {"x"}
@@ -126,6 +81,16 @@ def test_one_process_trains_what_ddp_on_two_trains(copies, runs):
     for a, b in zip(metrics(one), metrics(two), strict=True):
         assert abs(a["train_loss"] - b["train_loss"]) <= LOSS_ATOL and a["val_samples"] == b["val_samples"] == 101
     assert metrics(one)[-1]["train_loss"] < metrics(one)[0]["train_loss"]  # it learns
+
+
+@pytest.mark.parametrize("script", ["single_gpu.py", "dataparallel.py"])
+def test_the_one_device_copies_train_what_one_ddp_process_trains(copies, runs, script):
+    # The same seed, batches and steps: DDP on one process adds no arithmetic (DataParallel on a
+    # CPU calls the model itself).
+    one = run(copies, runs, "seam_basic_w1", "ddp_basic.py", ["--batch-size", "32"], None)
+    copy = run(copies, runs, f"seam_{script.removesuffix('.py')}", script, ["--batch-size", "32"], None)
+    assert max_weight_difference(weights(one), weights(copy)) <= WEIGHT_ATOL
+    assert [r["val_samples"] for r in metrics(copy)] == [101, 101]
 
 
 def test_accumulation_all_reduces_once_per_step_and_matches_one_process(copies, runs):

@@ -479,3 +479,74 @@ MANIFEST = {
         "diff_size": (559, 126),
     },
 }
+
+# The change in brief that opens each guided page: the lines a reader would write to port the step
+# into a script of their own, by concept (a key of the step's concepts), in teaching order. Each
+# anchor is a text found on one line of the new script (or (function, text): within that top-level
+# function or class), and picks the statement starting there: a simple one whole, a compound one by
+# its header line, or whole where the text starts with "*" (tools/make_diffs.py, brief). Comment
+# lines are left out: the sections below say why.
+BRIEF = {
+    "ddp_basic.py": [
+        ("group", [("setup_distributed", 'rank = int(os.environ.get("RANK", 0))'), 'world_size = int(os.environ.get("WORLD_SIZE", 1))',
+                   'local_rank = int(os.environ.get("LOCAL_RANK", 0))',
+                   ("setup_distributed", "if torch.cuda.is_available():"), 'device = torch.device("cuda", local_rank)',
+                   "torch.cuda.set_device(device)", "timeout = datetime.timedelta(", "device_id = device if",
+                   ("setup_distributed", 'if "RANK" in os.environ:'),
+                   "dist.init_process_group(backend, timeout=timeout", "dist.destroy_process_group()"]),
+        ("shard", ["train_sampler = DistributedSampler(", "return (DataLoader(train_set",
+                   "train_loader.sampler.set_epoch(epoch)"]),
+        ("ddp", ["model = DDP(model", "set_seed(args.seed + rank)", "dist.all_reduce(totals)"]),
+        ("rank0", ["rank0_only(rank, prepare_out_dir, args)", ("train", "if rank == 0:"),
+                   "val_totals = evaluate(args, model.module", "model.module.state_dict(), out_dir"]),
+        ("compile", ["if args.compile:", "model.compile()"]),
+    ],
+    "ddp_amp_accum.py": [
+        ("amp", ["layout = torch.channels_last", "model = build_model(args, num_outputs).to(",
+                 "scaler = torch.amp.GradScaler(", "return torch.autocast(",
+                 "fmt = torch.channels_last if", "scaler.step(optimizer)", "scaler.update()"]),
+        ("accum", ["scheduler = build_scheduler(",
+                   "group_start = batch_index", "group_size = min(", "last_in_group = batch_index",
+                   "sync_context = contextlib", "*with sync_context:", "*if not last_in_group:"]),
+        ("clip", ["if args.clip_grad_norm > 0:", "scaler.unscale_(optimizer)", "grad_norm = torch.nn.utils"]),
+    ],
+    "ddp_full.py": [
+        ("validation", ["val_sampler = ShardSampler(", "self.indices = range(rank", ("evaluate", "*for buffer in"),
+                        "longest = math.ceil(", "for _ in range(math.ceil(longest", "batch = next(batches, None)",
+                        "dist.all_reduce(totals)"]),
+        ("checkpoint", ["dist.gather_object(per_process", "*checkpoint = {", "rank0_only(rank, atomic_save, checkpoint",
+                        'with open(tmp, "wb") as f:', "f.flush()", "os.fsync(f.fileno())", "os.replace(tmp, path)"]),
+        ("resume", ["candidates = list_checkpoints(", "checkpoint = torch.load(path, map_location"]),
+        ("restore", [("restore", "try:"), 'model.load_state_dict(checkpoint["model"])', 'optimizer.load_state_dict(checkpoint',
+                     'scheduler.load_state_dict(checkpoint', "set_rng_state(state.rng)",
+                     "train_loader.generator.set_state("]),
+        ("midepoch", ["train_loader.sampler.set_start(", "return itertools.islice("]),
+        ("preempt", ["signal.signal(signal.SIGTERM, self.request)", "op=dist.ReduceOp.MAX",
+                     "*if PREEMPTION.agreed:  # after the step"]),
+    ],
+    "fsdp.py": [
+        ("shard", ["mesh = device_mesh(args, device, world_size)", "named = check_units(", ("shard_model", "for unit in named:"),
+                   ("shard_model", "if unit:"), "fsdp.fully_shard(unit if", "fsdp.fully_shard(model, mesh",
+                   "units = shard_model(", "optimizer = build_optimizer(args, model)",
+                   "return init_device_mesh(device.type, (world_size,))"]),
+        ("hostcopy", ["model = build_on_meta(", ("build_on_meta", '*with torch.device("meta")'),
+                      "full_model = build_model(", "del full_model", "model.to_empty(device=device)",
+                      "set_model_state_dict(model, full_model"]),
+        ("precision", [" policy = fsdp.MixedPrecisionPolicy(", "root_policy = fsdp.MixedPrecisionPolicy("]),
+        ("hsdp", ["return init_device_mesh(device.type, (args.replicas"]),
+        ("clip", ["grad_norm = torch.nn.utils"]),
+        ("checkpoint", [("save_checkpoint", "model_state, optimizer_state = get_state_dict"),
+                        ("save_checkpoint", "try:"), "dcp.save({"]),
+        ("reshard", [("restore", "model_state, optimizer_state = get_state_dict"), "sharded = {",
+                     "dcp.load(sharded", "set_state_dict(model, optimizer"]),
+        ("modelpt", ["full = get_model_state_dict(", "rank0_only(rank, atomic_save, full"]),
+    ],
+}
+
+# When a resume of ddp_full.py ends bitwise equal to a run never stopped: the 4 -> 5 page says so under
+# its brief. RESUME_MAY_CHANGE (ddp_full.py) lists the settings a resume may change; these are those
+# of them that change the arithmetic's rounding (the order of a sum, the kernels chosen), so that a
+# resume which changes one is exact to rounding only; the others change how the run goes on, not its
+# numbers. tests/test_guided_pages.py checks that the two lists make up RESUME_MAY_CHANGE.
+CHANGES_ROUNDING = ("compile", "channels_last", "tf32", "cudnn_benchmark", "backend", "bucket_cap_mb",
+                    "gradient_as_bucket_view")

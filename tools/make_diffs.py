@@ -2,8 +2,10 @@
 
     docs/diffs/<n>-<old>-to-<new>.diff         unified diff of neighbouring scripts (the host renders it)
     docs/diffs/<n>-<old>-to-<new>.html         the same side by side, one self-contained page (offline)
-    docs/diffs/<n>-<old>-to-<new>.guided.html  for a step with several concepts: one section per
-                                               concept, in teaching order, with only its changes
+    docs/diffs/<n>-<old>-to-<new>.guided.md    for a step with several concepts: the change in brief,
+                                               then one section per concept, in teaching order, with
+                                               only its changes (Markdown: GitHub renders it)
+    docs/diffs/<n>-<old>-to-<new>.guided.html  the same page as HTML, with edited words marked (offline)
     docs/pitfalls.md                           the pitfall guide, each fix linked to its current line
 
 tests/test_ladder_diffs.py fails when these files differ from what this tool would write now.
@@ -19,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ladder  # noqa: E402
-from ladder_manifest import FRAME, MANIFEST, SHOWN_AT_END, SHOWN_AT_TOP  # noqa: E402
+from ladder_manifest import BRIEF, CHANGES_ROUNDING, FRAME, MANIFEST, SHOWN_AT_END, SHOWN_AT_TOP  # noqa: E402
 from pitfalls import PITFALLS  # noqa: E402
 
 # Two 100-column scripts side by side, with line numbers, fit a 1600-pixel-wide window at 11 px.
@@ -335,6 +337,7 @@ def guided_page(index, old, new, root):
            "<nav>"]
     out += [f"<a href=\"#{s['key']}\">{html.escape(s['title'])}</a>" for s in sections]
     out.append("</nav>")
+    out += brief_html(new, root, {s["key"]: s["title"] for s in sections})
     forward, declared = forward_uses(old, new, root), MANIFEST[new].get("ahead", {})
     for number, section in enumerate(sections):
         out += [f"<h2 id=\"{section['key']}\">{html.escape(section['title'])}</h2>",
@@ -356,6 +359,236 @@ def guided_page(index, old, new, root):
             out.append(render_rows(rows))
     out.append("</body></html>\n")
     return "\n".join(out)
+
+
+# --- the change in brief --------------------------------------------------------------------------
+
+def picked_statement(tree, lines, anchor):
+    """(first, last) line numbers of the statement an anchor picks: the one line that holds its text
+    (within one top-level function or class, for an anchor (name, text)); a simple statement whole,
+    a compound one by its header, or whole where the text starts with "*"."""
+    scope, text = anchor if isinstance(anchor, tuple) else (None, anchor)
+    whole = text.startswith("*")
+    text = text.removeprefix("*")
+    first, last = 1, len(lines)
+    if scope is not None:
+        node = next(n for n in tree.body if getattr(n, "name", None) == scope)
+        first, last = node.lineno, node.end_lineno
+    found = [k for k in range(first, last + 1) if text in lines[k - 1]]
+    if len(found) != 1:
+        raise SystemExit(f"brief anchor {anchor!r} found {len(found)} times: make it unique")
+    starts = [n for n in ast.walk(tree) if isinstance(n, ast.stmt) and n.lineno == found[0]]
+    if not starts:
+        raise SystemExit(f"brief anchor {anchor!r} is not on a statement's first line")
+    node = max(starts, key=lambda n: n.end_lineno)  # the outermost statement starting there
+    body = getattr(node, "body", None)
+    if whole or not body or isinstance(node, ast.ClassDef):
+        return node.lineno, node.end_lineno
+    return node.lineno, body[0].lineno - 1
+
+
+def enclosing(tree, number):
+    """The name of the top-level function (or class.method) that holds line `number`."""
+    for node in tree.body:
+        if node.lineno <= number <= node.end_lineno and isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            for inner in getattr(node, "body", []):
+                if isinstance(inner, ast.FunctionDef) and inner.lineno <= number <= inner.end_lineno:
+                    return f"{node.name}.{inner.name}"
+            return node.name
+    return None
+
+
+def without_tags(line):
+    """A line without a copier's-map tag at its end (the sections say what is optional)."""
+    return re.sub(r"\s+# \[optional[^\]]*\]\s*$", "", line)
+
+
+def brief(new, root):
+    """The change in brief of a step: [(concept key, [(function, [(line number or None, text)])])],
+    the statements BRIEF names, each concept's in file order, grouped by the function that holds
+    them, without comment lines, dedented to the group's indentation; "..." (number None) stands
+    for lines left out between two statements of one function."""
+    text = ladder.read(new, root)
+    tree, lines = ast.parse(text), text.splitlines()
+    blocks = []
+    for key, anchors in BRIEF[new]:
+        numbers = set()
+        for anchor in anchors:
+            first, last = picked_statement(tree, lines, anchor)
+            numbers.update(range(first, last + 1))
+        numbers = [k for k in sorted(numbers) if lines[k - 1].strip() and not lines[k - 1].strip().startswith("#")]
+        groups = []
+        for number in numbers:
+            function = enclosing(tree, number)
+            if not groups or groups[-1][0] != function:
+                groups.append((function, []))
+            groups[-1][1].append(number)
+        block = []
+        for function, group in groups:
+            indent = min(len(lines[k - 1]) - len(lines[k - 1].lstrip()) for k in group)
+            rows = []
+            for k, number in enumerate(group):
+                between = range(group[k - 1] + 1, number) if k else ()
+                if any(lines[j - 1].strip() and not lines[j - 1].strip().startswith("#") for j in between):
+                    here = lines[number - 1]
+                    rows.append((None, " " * (len(here) - len(here.lstrip()) - indent) + "..."))
+                rows.append((number, without_tags(lines[number - 1])[indent:]))
+            block.append((function, rows))
+        blocks.append((key, block))
+    return blocks
+
+
+def brief_size(blocks):
+    """The lines of code a brief shows ("..." rows not counted)."""
+    return sum(1 for _, block in blocks for _, rows in block for number, _ in rows if number is not None)
+
+
+def script_constant(script, name, root):
+    """The value of a top-level constant of a script (a tuple of strings, say)."""
+    for node in ast.parse(ladder.read(script, root)).body:
+        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == [name]:
+            return ast.literal_eval(node.value)
+    raise SystemExit(f"{script} has no constant {name}")
+
+
+def flag_list(names):
+    return ", ".join(f"`--{name.replace('_', '-')}`" for name in names)
+
+
+def resume_note(root):
+    """In Markdown: when a resume of ddp_full.py ends bitwise equal to a run never stopped, with the
+    settings a resume may change read from the script (RESUME_MAY_CHANGE, RESUME_MAY_CHANGE_TASK)."""
+    may_change = script_constant("ddp_full.py", "RESUME_MAY_CHANGE", root)
+    task = script_constant("ddp_full.py", "RESUME_MAY_CHANGE_TASK", root)
+    how = [name for name in may_change if name not in CHANGES_ROUNDING]
+    rounding = [name for name in may_change if name in CHANGES_ROUNDING]
+    return (f"**When a resume is bitwise.** A run stopped and resumed ends bitwise equal to one never "
+            f"stopped when it resumes on as many processes, with the same settings but those that say how "
+            f"the run goes on ({flag_list(how)}; the section's `RESUME_MAY_CHANGE_TASK`: {flag_list(task)}; "
+            f"`--epochs` under `--lr-schedule constant`), and its arithmetic is repeatable: on a CPU the "
+            f"same thread count; on GPUs deterministic kernels as well (`--no-cudnn-benchmark`, "
+            f"`torch.use_deterministic_algorithms(True)`, `CUBLAS_WORKSPACE_CONFIG=:4096:8`: "
+            f"[Determinism](../clusters.md#running-on-a-cluster)), without which two runs never stopped "
+            f"differ too. `RESUME_MAY_CHANGE` also lets a resume change {flag_list(rounding)}: they change "
+            f"the rounding (the kernels chosen, the order of a sum), so a resume that changes one ends equal "
+            f"to rounding, not bitwise. Any other difference is refused in one line.")
+
+
+def github_slug(heading):
+    """GitHub's anchor of a heading: lowercased, punctuation but - and _ removed, spaces to -."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def brief_markdown(new, root, anchors, titles):
+    """The change in brief, in Markdown: a code block per concept, under a link to its section
+    and to the functions, in the script, that hold its lines."""
+    out = ["## The change in brief", "",
+           f"The lines you would write to port this step into a script of your own, by concept, "
+           f"without their comments: each heading links the concept's section below, each function its "
+           f"place in [`{new}`](../../{new}); `...` stands for lines left out.", ""]
+    for key, block in brief(new, root):
+        places = ", ".join(f"[`{function or 'module level'}`](../../{new}#L{rows[0][0] or rows[1][0]})"
+                           for function, rows in block)
+        out += [f"**[{titles[key]}](#{anchors[key]})** — in {places}:", "", "```python"]
+        for function, rows in block:
+            if len(block) > 1:
+                out.append(f"# in {function}()")
+            out += [text for _, text in rows]
+        out += ["```", ""]
+    if new == "ddp_full.py":
+        out += [resume_note(root), ""]
+    return out
+
+
+def diff_block(rows):
+    """One region's rows as a ```diff block: + added, - removed (an edited line: its old and its
+    new text), space unchanged, @@ for lines left out. Excerpts lose the indentation they all share."""
+    rows = changed_lines(rows)
+    texts = [line[1] if cls == "mod" else line for cls, _, line in rows if cls != "gap"]
+    indent = min((len(t) - len(t.lstrip()) for t in texts if t.strip()), default=0)
+    out = ["```diff"]
+    for cls, _, line in rows:
+        if cls == "gap":
+            out.append(f"@@ {line.removeprefix(chr(0x22ef)).strip() or chr(0x22ef)} @@")
+        elif cls == "mod":
+            out += [f"-{line[0][indent:]}", f"+{line[1][indent:]}"]
+        else:
+            out.append(f"{MARKS[cls]}{line[indent:]}")
+    return out + ["```"]
+
+
+def markdown_where(rows, old, new):
+    """Where a region's rows stand, as a link to that line of the new script (or the old one)."""
+    for cls, number, line in rows:
+        if cls in ("add", "ctx"):
+            return f"[line {number}](../../{new}#L{number})"
+        if line.startswith("\u22ef line"):
+            number = line.removeprefix("\u22ef line ")
+            return f"[line {number}](../../{new}#L{number})"
+    return f"[{old} line {rows[0][1]}](../../{old}#L{rows[0][1]})"
+
+
+def guided_markdown(index, old, new, root):
+    """The guided page in Markdown, as GitHub renders it: the change in brief, then one section per
+    concept of the step, in teaching order, with only that concept's changes in ```diff blocks."""
+    name = diff_name(index, old, new)
+    sections = guided_sections(old, new, root)
+    anchors = {s["key"]: github_slug(s["title"]) for s in sections}
+    titles = {s["key"]: s["title"] for s in sections}
+    out = [f"# Step {index} \u2192 {index + 1}: `{old}` \u2192 `{new}`, one concept at a time", "",
+           f"What [`{new}`](../../{new}) adds to [`{old}`](../../{old}): first the change in brief, then a "
+           f"section per concept, in teaching order, each with its why and only its own changes to `{new}` "
+           f"(`+` added, `-` removed, `@@` lines left out, with the line that follows). A name used before "
+           f"its own section says where it comes from. The whole diff: [unified]({name}.diff); side by side "
+           f"and this page with edited words marked, as HTML to download: [{name}.html]({name}.html), "
+           f"[{name}.guided.html]({name}.guided.html).", ""]
+    out += brief_markdown(new, root, anchors, titles)
+    out += ["## The sections", ""]
+    out += [f"{number}. [{section['title']}](#{anchors[section['key']]})"
+            for number, section in enumerate(sections, 1)] + [""]
+    forward, declared = forward_uses(old, new, root), MANIFEST[new].get("ahead", {})
+    for number, section in enumerate(sections):
+        out += [f"## {section['title']}", "", section["why"], ""]
+        ahead = dict.fromkeys((name, later) for index_, _, name, later in forward
+                              if index_ == number and declared.get(name) == sections[later]["key"])
+        if ahead:
+            notes = ", ".join(f"`{name}` from [{sections[later]['title']}](#{anchors[sections[later]['key']]})"
+                              for name, later in ahead)
+            out += [f"*Used here, introduced below:* {notes}.", ""]
+        if section["uses"]:
+            links = ", ".join(f"[`{used}`](../../{new}#L{line})" for used, line in section["uses"])
+            out += [f"*Uses, unchanged from earlier steps:* {links}.", ""]
+        for region, kind, rows in section["regions"]:
+            label = "The imports" if region == "imports" else "The docstring" if region == "docstring" else \
+                f"`{region}`"
+            out += [f"{label}, {markdown_where(rows, old, new)}{'' if kind == 'changed' else f' ({kind})'}:", ""]
+            out += diff_block(rows) + [""]
+    return "\n".join(out)
+
+
+def brief_html(new, root, titles):
+    """The change in brief, as HTML: a <pre> per concept under a link to its section."""
+    out = ["<h2 id=\"brief\">The change in brief</h2>",
+           "<p class=\"why\">The lines you would write to port this step into a script of your own, by "
+           "concept, without their comments; <code>...</code> stands for lines left out.</p>"]
+    for key, block in brief(new, root):
+        places = ", ".join(f"<code>{html.escape(function or 'module level')}</code> (line {rows[0][0] or rows[1][0]})"
+                           for function, rows in block)
+        out.append(f"<h3><a href=\"#{key}\">{html.escape(titles[key])}</a>, in {places}</h3>")
+        lines = []
+        for function, rows in block:
+            if len(block) > 1:
+                lines.append(f"# in {function}()")
+            lines += [text for _, text in rows]
+        out.append("<pre>" + "".join(f"<span class=\"ctx\">{html.escape(line)}</span>" for line in lines) + "</pre>")
+    if new == "ddp_full.py":
+        note = html.escape(resume_note(root))
+        note = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", note)
+        note = re.sub(r"`(.+?)`", r"<code>\1</code>", note)
+        note = re.sub(r"\[(.+?)\]\((.+?)\)", r'<a href="\2">\1</a>', note)
+        out.append(f"<p class=\"why\">{note}</p>")
+    return out
 
 
 def text_size(page):
@@ -398,6 +631,7 @@ def generated(root=ladder.ROOT):
         files[f"docs/diffs/{name}.diff"] = unified(old, new, root)
         files[f"docs/diffs/{name}.html"] = side_by_side(index, old, new, root, ladder.CONCEPTS[new])
         if len([key for key, _, _ in MANIFEST[new]["concepts"] if key not in FRAME]) > 1:
+            files[f"docs/diffs/{name}.guided.md"] = guided_markdown(index, old, new, root)
             files[f"docs/diffs/{name}.guided.html"] = guided_page(index, old, new, root)
     files["docs/pitfalls.md"] = pitfalls_page(root)
     return files
