@@ -67,7 +67,7 @@ def test_train_the_hub_that_calls_everything_stays_readable(script):
     assert train.end_lineno - train.lineno + 1 <= 120
 
 
-# How a script is laid out (README, "How a script is laid out"): the program a step teaches first,
+# How a script is laid out (README, "The ladder"): the program a step teaches first,
 # then the machinery it needs, each section of which says what it is for and that a first reading
 # may skip it. The same sections in the same order in every script; a step's own concept adds one:
 # the processes at step 3, checkpoints, samples and the model check at step 5, sharding at step 6.

@@ -174,9 +174,8 @@ MANIFEST = {
              "files; a resumed run must keep the settings that decide what it computes."),
             ("restore", "Restoring what a checkpoint holds",
              "Model, optimizer, schedule, scaler and random states, all put back: a resume at an "
-             "epoch's end goes on bitwise as a run never stopped. On a GPU, bitwise also needs "
-             "--no-tf32 and --no-cudnn-benchmark (and deterministic kernels): the speed settings "
-             "may change the last bits."),
+             "epoch's end goes on bitwise as a run never stopped (when exactly: the change in brief, "
+             "above)."),
             ("midepoch", "Stopping and resuming mid-epoch",
              "--max-steps and --ckpt-steps stop and checkpoint within an epoch; a resume skips the "
              "samples the epoch's first steps consumed (ResumableSampler), on every process."),
@@ -490,9 +489,9 @@ BRIEF = {
     "ddp_basic.py": [
         ("group", [("setup_distributed", 'rank = int(os.environ.get("RANK", 0))'), 'world_size = int(os.environ.get("WORLD_SIZE", 1))',
                    'local_rank = int(os.environ.get("LOCAL_RANK", 0))',
-                   ("setup_distributed", "if torch.cuda.is_available():"), 'device = torch.device("cuda", local_rank)',
+                   ("setup_distributed", '*if backend == "auto":'), ("setup_distributed", "if torch.cuda.is_available():"), 'device = torch.device("cuda", local_rank)',
                    "torch.cuda.set_device(device)", "timeout = datetime.timedelta(", "device_id = device if",
-                   ("setup_distributed", 'if "RANK" in os.environ:'),
+                   ("setup_distributed", '*if "RANK" in os.environ:'),
                    "dist.init_process_group(backend, timeout=timeout", "dist.destroy_process_group()"]),
         ("shard", ["train_sampler = DistributedSampler(", "return (DataLoader(train_set",
                    "train_loader.sampler.set_epoch(epoch)"]),
@@ -528,13 +527,14 @@ BRIEF = {
         ("shard", ["mesh = device_mesh(args, device, world_size)", "named = check_units(", ("shard_model", "for unit in named:"),
                    ("shard_model", "if unit:"), "fsdp.fully_shard(unit if", "fsdp.fully_shard(model, mesh",
                    "units = shard_model(", "optimizer = build_optimizer(args, model)",
-                   "return init_device_mesh(device.type, (world_size,))"]),
+                   "return init_device_mesh(device.type, (world_size,))", "    release_device_meshes()"]),
         ("hostcopy", ["model = build_on_meta(", ("build_on_meta", '*with torch.device("meta")'),
                       "full_model = build_model(", "del full_model", "model.to_empty(device=device)",
-                      "set_model_state_dict(model, full_model"]),
+                      "set_model_state_dict(model, full_model", ("shard_model", "broadcast_buffers(model)")]),
         ("precision", [" policy = fsdp.MixedPrecisionPolicy(", "root_policy = fsdp.MixedPrecisionPolicy("]),
         ("hsdp", ["return init_device_mesh(device.type, (args.replicas"]),
         ("clip", ["grad_norm = torch.nn.utils"]),
+        ("validation", ["evaluate_batch(model, spare)", "model.reshard()"]),
         ("checkpoint", [("save_checkpoint", "model_state, optimizer_state = get_state_dict"),
                         ("save_checkpoint", "try:"), "dcp.save({"]),
         ("reshard", [("restore", "model_state, optimizer_state = get_state_dict"), "sharded = {",

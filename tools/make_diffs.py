@@ -485,8 +485,9 @@ def brief_markdown(new, root, anchors, titles):
     and to the functions, in the script, that hold its lines."""
     out = ["## The change in brief", "",
            f"The lines you would write to port this step into a script of your own, by concept, "
-           f"without their comments: each heading links the concept's section below, each function its "
-           f"place in [`{new}`](../../{new}); `...` stands for lines left out.", ""]
+           f"without their comments: each heading links the concept's section below, where the "
+           f"functions these lines call are shown whole, and each function its place in "
+           f"[`{new}`](../../{new}); `...` stands for lines left out.", ""]
     for key, block in brief(new, root):
         places = ", ".join(f"[`{function or 'module level'}`](../../{new}#L{rows[0][0] or rows[1][0]})"
                            for function, rows in block)
@@ -539,7 +540,8 @@ def guided_markdown(index, old, new, root):
     out = [f"# Step {index} \u2192 {index + 1}: `{old}` \u2192 `{new}`, one concept at a time", "",
            f"What [`{new}`](../../{new}) adds to [`{old}`](../../{old}): first the change in brief, then a "
            f"section per concept, in teaching order, each with its why and only its own changes to `{new}` "
-           f"(`+` added, `-` removed, `@@` lines left out, with the line that follows). A name used before "
+           f"(`+` added, `-` removed; `@@ line N @@`: lines left out, the next line shown is line N of the "
+           f"script, `@@ \u22ef @@` a few). A name used before "
            f"its own section says where it comes from. The whole diff: [unified]({name}.diff); side by side "
            f"and this page with edited words marked, as HTML to download: [{name}.html]({name}.html), "
            f"[{name}.guided.html]({name}.guided.html).", ""]
