@@ -306,6 +306,10 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
         group_start = batch_index - batch_index % args.accum_steps
         group_size = min(args.accum_steps, num_batches - group_start)
         last_in_group = batch_index == group_start + group_size - 1
+        # [optional: hybrid]
+        # HSDP (--replicas) all-reduces the reduce-scattered shards across replicas, across nodes:
+        # once a step, at the group's last micro-batch, FSDP adding up the others' until then.
+        model.set_requires_all_reduce(last_in_group)
         # Every micro-batch's backward reduce-scatters its gradients into this process's shard,
         # where they add up: between micro-batches a process holds 1/world size of them. (Skipped
         # until the group's last, with set_requires_gradient_sync(False), FSDP's no_sync, every

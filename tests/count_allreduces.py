@@ -1,13 +1,17 @@
-"""Run a ladder script with a counting DDP communication hook, and count what torch.compile did.
+"""Run a ladder script with a counting DDP communication hook, count FSDP's all-reduces across
+replicas (HSDP), and count what torch.compile did.
 
     COUNT_SCRIPT=ddp_amp_accum.py COUNT_DIR=DIR torchrun ... tests/count_allreduces.py ARGS
 
 
 The hook wraps PyTorch's own all-reduce hook, so training is unchanged; it counts how often DDP
 all-reduces gradients. A gradient sync all-reduces every bucket once; bucket 0 is in every sync, so
-counting it counts syncs. With --compile, dynamo's own counters of this process say how many graphs
+counting it counts syncs. FSDP all-reduces gradients only across the replicas of HSDP, from its
+collectives module (torch.distributed.fsdp._fully_shard._fsdp_collectives, through
+torch.distributed.all_reduce): each such call, one per unit and backward, is counted in
+"fsdp_all_reduces". With --compile, dynamo's own counters of this process say how many graphs
 it captured and why it compiled again (a recompile). Each process writes
-{"reductions": N, "bucket_calls": N, "graphs": N, "recompiles": [reason, ...]} to
+{"reductions": N, "bucket_calls": N, "fsdp_all_reduces": N, "graphs": N, "recompiles": [reason, ...]} to
 $COUNT_DIR/rank<R>.json at exit.
 """
 import json
@@ -16,11 +20,13 @@ import runpy
 import sys
 
 import torch._dynamo.utils as dynamo_utils
+import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-counts = {"reductions": 0, "bucket_calls": 0}
+counts = {"reductions": 0, "bucket_calls": 0, "fsdp_all_reduces": 0}
 original_init = DistributedDataParallel.__init__
+original_all_reduce = dist.all_reduce
 
 
 def counting_hook(state, bucket):
@@ -35,7 +41,14 @@ def init_with_hook(self, *args, **kwargs):
     self.register_comm_hook(None, counting_hook)
 
 
+def counting_all_reduce(*args, **kwargs):
+    if sys._getframe(1).f_code.co_filename.endswith("_fsdp_collectives.py"):
+        counts["fsdp_all_reduces"] += 1
+    return original_all_reduce(*args, **kwargs)
+
+
 DistributedDataParallel.__init__ = init_with_hook
+dist.all_reduce = counting_all_reduce
 script = os.environ["COUNT_SCRIPT"]
 sys.argv = [script, *sys.argv[1:]]
 os.makedirs(os.environ["COUNT_DIR"], exist_ok=True)

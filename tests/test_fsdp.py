@@ -268,6 +268,22 @@ def test_hsdp_2_replicas_of_2_processes_trains_what_fsdp_over_4_trains(runs):
 
 
 @pytest.mark.slow
+def test_hsdp_all_reduces_across_replicas_once_a_step_with_accumulation(runs, tmp_path):
+    # Each micro-batch reduce-scatters within its replica; the all-reduce across replicas (across
+    # nodes) carries the sum of the group's micro-batches, once per unit and optimizer step, not
+    # once per micro-batch (twice as many here), and trains what FSDP over 4 trains.
+    counts, out_dir = tmp_path / "counts", tmp_path / "run"
+    result = check(launch("tests/count_allreduces.py", [*TINY, *per_process(4), "--replicas", "2",
+                                                        "--out-dir", str(out_dir)], nproc=4,
+                          env={"COUNT_SCRIPT": str(ROOT / "fsdp.py"), "COUNT_DIR": str(counts)}))
+    units = int(re.search(r"FSDP: (\d+) units", result.stdout).group(1))  # the root's included
+    steps = 2 * TRAIN_SAMPLES // GLOBAL_BATCH  # 2 epochs
+    for rank in range(4):
+        assert json.loads((counts / f"rank{rank}.json").read_text())["fsdp_all_reduces"] == units * steps
+    assert_same_training(runs.get("fsdp_accum_w4", "fsdp.py", per_process(4), nproc=4), out_dir)
+
+
+@pytest.mark.slow
 def test_hsdp_checkpoints_resume_in_another_layout_and_on_another_number_of_processes(tmp_path):
     # Stopped after 2 steps as 2 replicas of 2 processes, after 1 more as FSDP over 4, finished as
     # 2 replicas of 1 process each (every process the whole model): each resume restored exactly

@@ -108,7 +108,7 @@ def test_train_one_epoch_starts_within_the_first_third(script):
 # stripped by their maps: the ladder is above those, tests/README.md says why). A script may shrink; a line
 # more is a reviewed edit of this table, not a creep.
 BUDGETS = {"single_gpu.py": 479, "dataparallel.py": 506, "ddp_basic.py": 636, "ddp_amp_accum.py": 692,
-           "ddp_full.py": 1557, "fsdp.py": 1989}
+           "ddp_full.py": 1557, "fsdp.py": 1993}
 STRIPPED_BUDGETS = {"ddp_full.py": 953, "fsdp.py": 1305}
 
 

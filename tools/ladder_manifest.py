@@ -385,7 +385,8 @@ MANIFEST = {
              "the groups. A unit's all-gathers stay within its group; its gradients are "
              "reduce-scattered within the group, then each slice is all-reduced with the same slice "
              "of the other groups, in a training step the one collective that crosses between "
-             "nodes. A process holds "
+             "nodes: with accumulation once a step, not once a micro-batch (set_requires_all_reduce "
+             "at the group's last; FSDP adds up the slices until then). A process holds "
              "R / world size of the model instead of 1 / world size. Checkpoints hold whole "
              "tensors' slices either way: a run resumes in another layout or on another number of "
              "processes."),
@@ -449,7 +450,7 @@ MANIFEST = {
             "shard_sizes": "shard",
             "release_device_meshes": "shard",
             "cleanup_distributed": "shard",
-            "train_one_epoch": [("reduce-scatter", "accum"), ("full_tensor", "clip"), ("global norm", "clip"),
+            "train_one_epoch": [("set_requires_all_reduce", "hsdp"), ("reduce-scatter", "accum"), ("full_tensor", "clip"), ("global norm", "clip"),
                                 ("--- train/eval", "precision"), ("", "reshard")],
             "evaluate": "validation",
             "spare_batch": "validation",
@@ -475,7 +476,7 @@ MANIFEST = {
         "mechanisms": {"shard_model", "precision_policies", "spare_batch", "check_shards", "shard_write_error",
                        "broadcast_buffers", "recompute_in_backward", "buffers_kept", "device_mesh",
                        "find_blocks", "check_units", "shard_units"},
-        "diff_size": (559, 126),
+        "diff_size": (563, 126),
     },
 }
 
@@ -532,7 +533,7 @@ BRIEF = {
                       "full_model = build_model(", "del full_model", "model.to_empty(device=device)",
                       "set_model_state_dict(model, full_model", ("shard_model", "broadcast_buffers(model)")]),
         ("precision", [" policy = fsdp.MixedPrecisionPolicy(", "root_policy = fsdp.MixedPrecisionPolicy("]),
-        ("hsdp", ["return init_device_mesh(device.type, (args.replicas"]),
+        ("hsdp", ["return init_device_mesh(device.type, (args.replicas", "model.set_requires_all_reduce("]),
         ("clip", ["grad_norm = torch.nn.utils"]),
         ("validation", ["evaluate_batch(model, spare)", "model.reshard()"]),
         ("checkpoint", [("save_checkpoint", "model_state, optimizer_state = get_state_dict"),

@@ -803,6 +803,18 @@ PITFALLS = [
                      "    model_state, optimizer_state = get_state_dict(model, optimizer)\n"),
     },
     {
+        "title": "HSDP with accumulation: an all-reduce across nodes every micro-batch",
+        "mistake": "leaving FSDP's all-reduce across replicas on for every micro-batch of an accumulation group",
+        "symptom": "nothing fails, and the weights are the same: each micro-batch's backward sends its reduce-"
+                   "scattered gradients across the replicas (across nodes, the slowest link), K times a step with "
+                   "K micro-batches (the CNN on 2 x 2 processes, 2 micro-batches: 192 all-reduces in 24 steps, not 96)",
+        "correct": "model.set_requires_all_reduce(last_in_group): every micro-batch reduce-scatters within its "
+                   "replica, and FSDP adds the shards up until the group's last sends their sum across, once a step",
+        "fix": [("fsdp.py", "model.set_requires_all_reduce(last_in_group)")],
+        "guards": ["tests/test_fsdp.py::test_hsdp_all_reduces_across_replicas_once_a_step_with_accumulation"],
+        "mutation": ("fsdp.py", "        model.set_requires_all_reduce(last_in_group)\n", ""),
+    },
+    {
         "title": "A write that fails ends in a traceback",
         "mistake": "letting the error of a checkpoint or model write escape: the OSError (errno 28, no space "
                    "left), or the RuntimeError (\"unexpected pos\") that torch.save raises while handling it",
