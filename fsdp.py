@@ -804,10 +804,11 @@ def precision_policies(args):
         return policy, root_policy, None
     # BatchNorm keeps its running statistics in float32 buffers, which FSDP does not cast, and with
     # bf16 weights beside them its CPU kernel stops ("expected scalar type BFloat16 but found
-    # Float"): its layers are a unit of their own, in float32 (shard_model casts each one's input
-    # and output).
-    return policy, root_policy, fsdp.MixedPrecisionPolicy(param_dtype=torch.float32,
-                                                          reduce_dtype=torch.float32)
+    # Float"). Its layers are a unit of their own whose parameters stay float32 (param_dtype=None,
+    # inputs left as they come): it takes --amp's input, float32 weights and statistics, and
+    # returns --amp's precision, as under autocast, with no cast and no float32 copy of its input.
+    norm_policy = fsdp.MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32)
+    return policy, root_policy, norm_policy
 
 
 def shard_model(args, model, full_model, device, world_size):
@@ -827,14 +828,9 @@ def shard_model(args, model, full_model, device, world_size):
     if norm_policy is not None:
         norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     if norms:
-        # BatchNorm in float32 (precision_policies says why): all its layers one unit, gathered for
-        # the whole forward and again for the backward, not a unit per layer (resnet50 has 53).
-        # A unit casts the input of its first layer and the output of its last alone (on some
-        # torch versions), so each layer casts its own: float32 in, --amp's precision out.
-        dtype = AMP_DTYPES[args.amp]
-        for norm in norms:
-            norm.register_forward_pre_hook(lambda module, inputs: tuple(x.float() for x in inputs))
-            norm.register_forward_hook(lambda module, inputs, output: output.to(dtype))
+        # BatchNorm with float32 parameters (precision_policies says why): all its layers one unit,
+        # gathered for the whole forward and again for the backward, not a unit per layer (resnet50
+        # has 53).
         fsdp.fully_shard(norms, mesh=mesh, mp_policy=norm_policy)
         units.append(norms)
     for unit in named:
@@ -937,6 +933,14 @@ def device_mesh(args, device, world_size):
     if args.replicas > 1:
         if world_size % args.replicas:
             raise ConfigError(f"--replicas {args.replicas} must divide the {world_size} processes")
+        # torchrun numbers ranks node by node: a group of consecutive ranks stays within a node
+        # only where its size divides the node's processes.
+        group = world_size // args.replicas
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        if local % group:
+            log(f"HSDP: groups of {group} processes span nodes of {local}: their all-gathers and "
+                f"reduce-scatters cross nodes; --replicas {world_size // local} keeps each within "
+                f"a node")
         log(f"HSDP: {args.replicas} replicas of {world_size // args.replicas} processes each, "
             f"every unit sharded within a replica")
         return init_device_mesh(device.type, (args.replicas, world_size // args.replicas),
@@ -1113,7 +1117,8 @@ def build_optimizer(args, model):
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     if args.optimizer == "adamw":
-        return torch.optim.AdamW(groups, lr=args.lr)
+        # On GPUs one fused kernel updates all parameters (torch's fastest AdamW); else foreach.
+        return torch.optim.AdamW(groups, lr=args.lr, fused=any(p.is_cuda for p in params))
     return torch.optim.SGD(groups, lr=args.lr, momentum=MOMENTUM)
 
 

@@ -11,7 +11,10 @@ Each process records, for the number of processes W it runs in and its rank R:
 - DIR/restored_w<W>.pt (rank 0): after a resume, the full model and optimizer state as restored,
   gathered from every process's shards;
 - DIR/built_w<W>_r<R>.txt: one line per model build_model made, the device its parameters are on
-  (meta: shapes only), and "init_weights_from" where that process read --init-from.
+  (meta: shapes only), and "init_weights_from" where that process read --init-from;
+- with PROBE_OPS=1, DIR/ops_w<W>_r<R>.json: over training (train_one_epoch, forward and backward),
+  the micro-batches, the dtype casts (aten._to_copy) and BatchNorm's calls by the dtype of their
+  input (a float32 input under --amp bf16 is a cast BatchNorm did not need).
 Nothing of the script is changed but these records; the script's own code does the work.
 """
 import importlib.util
@@ -99,4 +102,36 @@ def recording_restore(checkpoint, path, model, optimizer, *rest):
 
 
 fsdp.restore = recording_restore
+
+
+class CountingOps(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self, counts):
+        super().__init__()
+        self.counts = counts
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name == "_to_copy":
+            self.counts["casts"] += 1
+        elif "batch_norm" in name and "backward" not in name:
+            key = str(args[0].dtype)
+            self.counts["batch_norm_inputs"][key] = self.counts["batch_norm_inputs"].get(key, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+if os.environ.get("PROBE_OPS"):
+    ops = {"micro_batches": 0, "casts": 0, "batch_norm_inputs": {}}
+    train_one_epoch, batch_loss = fsdp.train_one_epoch, fsdp.batch_loss
+
+    def counting_batch_loss(model, batch):
+        ops["micro_batches"] += 1
+        return batch_loss(model, batch)
+
+    def counting_epoch(*args, **kwargs):
+        with CountingOps(ops):
+            result = train_one_epoch(*args, **kwargs)
+        (probe_dir / f"ops_{where()}.json").write_text(json.dumps(ops))
+        return result
+
+    fsdp.train_one_epoch, fsdp.batch_loss = counting_epoch, counting_batch_loss
 sys.exit(fsdp.main(sys.argv[1:]))

@@ -196,9 +196,9 @@ def test_fsdp_big_models_benchmark_writes_its_tables_and_checkpointing_keeps_few
 
 @pytest.mark.slow
 def test_fsdp_big_models_benchmark_counts_batchnorm_under_amp_as_one_unit_and_trains_the_same_weights(tmp_path):
-    # The benchmark's default --norms-before: the last fsdp.py with a unit per BatchNorm layer.
+    # before: fsdp.py as it is with a unit per BatchNorm layer (the benchmark writes that copy).
     result = subprocess.run([sys.executable, str(ROOT / "bench" / "fsdp_big_models.py"), "--quick", "--parts",
-                             "collectives", "--norms-before", fsdp_at("c85972d", tmp_path), "--out", str(tmp_path)],
+                             "collectives", "--out", str(tmp_path)],
                             cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = {tuple(cells[:2]): cells[2:] for cells in (

@@ -86,13 +86,22 @@ def test_fsdp_bf16_policy_trains_and_stays_near_float32(runs):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("amp", ["bf16", "fp16"])
-def test_fsdp_low_precision_trains_resnet18_with_its_batchnorm(runs, amp):
-    # BatchNorm's float32 running statistics beside bf16 or fp16 weights stop its CPU kernel; its
-    # own float32 units keep it going. One epoch, 48 samples: it runs, and its loss is a number.
-    out_dir = runs.get(f"fsdp_bn_{amp}_w2", "fsdp.py", [*BATCHNORM, "--amp", amp], nproc=2, tiny=False)
-    [record] = metrics(out_dir)
-    assert torch.isfinite(torch.tensor([record["train_loss"], record["val_loss"]])).all(), record
-    assert record["val_samples"] == 23
+def test_fsdp_low_precision_trains_resnet18_as_ddp_full_with_no_cast_around_batchnorm(runs, amp, tmp_path):
+    # BatchNorm's unit keeps float32 parameters (param_dtype=None) and takes --amp's input as it
+    # comes: the arithmetic of ddp_full.py's autocast (measured here: bitwise, bf16 and fp16; the
+    # harness's FSDP-against-DDP tolerances) with no cast around a BatchNorm layer. With a float32
+    # cast of each layer's input and a cast back of its output, as before, BatchNorm was fed float32
+    # (252 casts in 3 micro-batches a process, 12 without) and the weights ended 0.10 from ddp_full's.
+    ddp = runs.get(f"ddp_full_bn_{amp}_w2", "ddp_full.py", [*BATCHNORM, "--amp", amp], nproc=2, tiny=False)
+    probe_dir, out_dir = tmp_path / "probe", tmp_path / "run"
+    probe_dir.mkdir()
+    check(launch("tests/fsdp_probe.py", [*BATCHNORM, "--amp", amp, "--out-dir", str(out_dir)], nproc=2,
+                 env={"PROBE_DIR": str(probe_dir), "PROBE_OPS": "1"}))
+    assert_same_training(ddp, out_dir)
+    dtype = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}[amp]
+    for rank in (0, 1):
+        ops = json.loads((probe_dir / f"ops_w2_r{rank}.json").read_text())
+        assert ops["batch_norm_inputs"] == {dtype: 20 * 3}, ops  # resnet18's 20 layers, 3 micro-batches
 
 
 @pytest.mark.slow
@@ -277,6 +286,7 @@ def test_hsdp_all_reduces_across_replicas_once_a_step_with_accumulation(runs, tm
                                                         "--out-dir", str(out_dir)], nproc=4,
                           env={"COUNT_SCRIPT": str(ROOT / "fsdp.py"), "COUNT_DIR": str(counts)}))
     units = int(re.search(r"FSDP: (\d+) units", result.stdout).group(1))  # the root's included
+    assert "span nodes" not in result.stdout  # one node of 4: groups of 2 stay within it
     steps = 2 * TRAIN_SAMPLES // GLOBAL_BATCH  # 2 epochs
     for rank in range(4):
         assert json.loads((counts / f"rank{rank}.json").read_text())["fsdp_all_reduces"] == units * steps
@@ -359,11 +369,12 @@ def test_fsdp_sigterm_through_torchrun_checkpoints_at_an_agreed_step_and_resume_
     assert_bitwise_equal(reference, out_dir)
 
 
-def two_nodes(tmp_path, out_dirs, args):
+def two_nodes(tmp_path, out_dirs, args, nproc_per_node=2):
     port, processes = free_port(), []
     for node, out_dir in enumerate(out_dirs):
         cmd = command("fsdp.py", [*TINY, *args, "--out-dir", str(out_dir)])
-        cmd[1:2] = ["-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=2", "--rdzv-backend=c10d",
+        cmd[1:2] = ["-m", "torch.distributed.run", "--nnodes=2", f"--nproc_per_node={nproc_per_node}",
+                    "--rdzv-backend=c10d",
                     f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=fsdp-two-nodes", cmd[1]]
         processes.append(start(cmd, tmp_path / f"node{node}"))
     return [process.wait(timeout=240) for process in processes]
@@ -378,6 +389,17 @@ def test_fsdp_two_nodes_of_two_processes_on_one_file_system_train_as_one_node_of
     assert sorted(p.name for p in (shared / "checkpoints" / "step_000000024").glob("*.distcp")) == \
         [f"__{rank}_0.distcp" for rank in range(4)]
     assert_bitwise_equal(one_node, shared)
+
+
+@pytest.mark.slow
+def test_hsdp_groups_that_span_nodes_are_named_in_one_line_with_the_replicas_that_keep_them_within(tmp_path):
+    # 2 nodes of 3 processes as 3 replicas of 2: ranks 2 and 3, one group, sit on two nodes.
+    shared = tmp_path / "shared"
+    statuses = two_nodes(tmp_path, [shared, shared], ["--batch-size", "4", "--epochs", "1", "--replicas", "3"],
+                         nproc_per_node=3)
+    assert statuses == [0, 0], output(tmp_path / "node0")[-3000:]
+    assert output(tmp_path / "node0").count("HSDP: groups of 2 processes span nodes of 3: their all-gathers and "
+                                            "reduce-scatters cross nodes; --replicas 2 keeps each within a node") == 1
 
 
 @pytest.mark.slow

@@ -4,15 +4,18 @@ The suite itself runs on the CPU even on a GPU machine (conftest.py hides the GP
 needs a GPU's behaviour reproduces it here, with the meta device standing in for a device other
 than the CPU, or by replaying what torch does on GPUs (DataParallel's chunking).
 """
+import argparse
 import os
 import subprocess
 import sys
 import warnings
 
+import pytest
 import torch
 from torch.utils.data import TensorDataset
 
 from conftest import base_env, TINY
+from test_static import SCRIPTS
 from test_validation import load_script
 
 
@@ -92,3 +95,23 @@ def test_pinned_memory_keeps_the_batch_and_its_unreadable_files_apart(monkeypatc
     assert images.shape == (2, 3, 4, 4) and labels.tolist() == [1, 2] and unreadable == ["a.png (broken)"]
     batch, unreadable = pin_memory(module.collate_readable([(None, ["b.png (broken)"])]))
     assert batch is None and unreadable == ["b.png (broken)"]
+
+
+class ParameterOnAGpu(torch.nn.Parameter):
+    """A parameter that says it is on a GPU: what build_optimizer reads to choose AdamW's kernel."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_adamw_is_fused_on_gpus_and_foreach_elsewhere(monkeypatch, script):
+    # fused=True: one kernel updates every parameter on CUDA (torchtitan's default, DTensors too).
+    # Elsewhere AdamW's default, foreach: fused on a CPU is another kernel than the suite measures.
+    chosen = []
+    monkeypatch.setattr(torch.optim, "AdamW", lambda groups, **kwargs: chosen.append(kwargs["fused"]))
+    module, args = load_script(script), argparse.Namespace(optimizer="adamw", lr=1e-3, weight_decay=0.05)
+    for parameter in (torch.nn.Parameter, ParameterOnAGpu):
+        module.build_optimizer(args, torch.nn.ParameterList([parameter(torch.zeros(2, 2)), parameter(torch.zeros(2))]))
+    assert chosen == [False, True]

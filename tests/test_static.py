@@ -107,9 +107,9 @@ def test_train_one_epoch_starts_within_the_first_third(script):
 # asked for 300, 340, 480, 560, 1,150 and 1,500 lines, and 650 and 900 for ddp_full.py and fsdp.py
 # stripped by their maps: the ladder is above those, tests/README.md says why). A script may shrink; a line
 # more is a reviewed edit of this table, not a creep.
-BUDGETS = {"single_gpu.py": 479, "dataparallel.py": 506, "ddp_basic.py": 636, "ddp_amp_accum.py": 692,
-           "ddp_full.py": 1557, "fsdp.py": 1993}
-STRIPPED_BUDGETS = {"ddp_full.py": 953, "fsdp.py": 1305}
+BUDGETS = {"single_gpu.py": 480, "dataparallel.py": 507, "ddp_basic.py": 637, "ddp_amp_accum.py": 693,
+           "ddp_full.py": 1558, "fsdp.py": 1998}
+STRIPPED_BUDGETS = {"ddp_full.py": 954, "fsdp.py": 1305}
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

@@ -622,9 +622,10 @@ PITFALLS = [
         "mistake": "one bf16 `MixedPrecisionPolicy` for the whole model, BatchNorm included",
         "symptom": "on CPU: \"expected scalar type BFloat16 but found Float\" in the first forward (bf16 weights "
                    "beside BatchNorm's float32 running statistics, which FSDP does not cast)",
-        "correct": "the BatchNorm layers a unit of their own with a float32 policy that gives their outputs back in bf16",
+        "correct": "the BatchNorm layers a unit of their own whose parameters stay float32 (`param_dtype=None`)",
         "fix": [("fsdp.py", "    if norm_policy is not None:")],
-        "guards": ["tests/test_fsdp.py::test_fsdp_low_precision_trains_resnet18_with_its_batchnorm"],
+        "guards": ["tests/test_fsdp.py::test_fsdp_low_precision_trains_resnet18_as_ddp_full_with_no_cast_around_"
+                   "batchnorm[bf16]"],
         "mutation": ("fsdp.py", "    if norm_policy is not None:", "    if False:"),
     },
     {
@@ -647,6 +648,21 @@ PITFALLS = [
         "guards": ["tests/test_fsdp.py::test_fsdp_over_gloo_on_a_torch_that_sums_the_gradients_is_one_clear_line"],
         "mutation": ("fsdp.py", 'world_size > 1 and torch.__version__ < "2.9":',
                      'world_size > 1 and torch.__version__ < "2.7":'),
+    },
+    {
+        "title": "FSDP: BatchNorm cast to float32 around every layer",
+        "mistake": "keeping BatchNorm in float32 under `--amp` by casting (a float32 `param_dtype` for its unit, "
+                   "or hooks that cast each layer's input to float32 and its output back)",
+        "symptom": "casts around every layer (resnet18 under bf16: 252 casts in 3 micro-batches, not 12), a float32 "
+                   "copy of each BatchNorm input kept for the backward, and other arithmetic than autocast's: the "
+                   "weights end 0.10 from ddp_full.py's",
+        "correct": "BatchNorm's unit with `param_dtype=None`: float32 parameters, the input as it comes; BatchNorm "
+                   "takes bf16 or fp16 with float32 weights and statistics, as under autocast (bitwise ddp_full's)",
+        "fix": [("fsdp.py", "norm_policy = fsdp.MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32)")],
+        "guards": ["tests/test_fsdp.py::test_fsdp_low_precision_trains_resnet18_as_ddp_full_with_no_cast_around_"
+                   "batchnorm[bf16]"],
+        "mutation": ("fsdp.py", "fsdp.MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32)",
+                     "fsdp.MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)"),
     },
     {
         "title": "FSDP: a unit for every BatchNorm layer",
