@@ -161,9 +161,7 @@ def train(args):
     log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
     # [optional: compile]
     if args.compile:
-        # In place, before fully_shard: the state dict keys stay the model's own (no "_orig_mod.").
-        # Static shapes: split at FSDP's units, symbolic ones crash inductor (docs/fsdp.md).
-        model.compile(dynamic=False)
+        log(f"torch.compile: {compile_model(model)}")
     # [optional: sync-bn]
     if args.sync_bn:
         if device.type != "cuda":
@@ -921,6 +919,26 @@ def check_units(model, units):
                               f"shares a parameter with {tied} outside it (tied weights): return "
                               f"both in one unit (a list), or neither (the root then holds them)")
     return units
+
+
+# [optional: compile]
+def compile_model(model):
+    """--compile, in place before fully_shard (the state dict keys stay the model's own, no
+    "_orig_mod."), with static shapes (symbolic ones crash inductor: docs/fsdp.md); what it
+    compiled, for the log. Each unit on its own where the units are blocks of a model without
+    BatchNorm (a transformer's): FSDP's hooks run between the graphs, and none breaks. Otherwise
+    the whole model: under --amp BatchNorm's float32 unit has its hooks inside the blocks, and a
+    torch.nn layer as a unit (the CNN's convolutions) is not compiled on its own; dynamo then gives
+    the root's forward up at FSDP's first hook and compiles the blocks' code as it runs."""
+    units = check_units(model, shard_units(model))
+    modules = [module for unit in units for module in unit]
+    if any(isinstance(module, nn.modules.batchnorm._BatchNorm) for module in model.modules()) or \
+            any(type(module).__module__.startswith("torch.nn.") for module in modules):
+        model.compile(dynamic=False)
+        return "the whole model (its units are torch.nn layers or it has BatchNorm: docs/fsdp.md)"
+    for module in modules:
+        module.compile(dynamic=False)
+    return f"each of its {len(units)} units on its own"
 
 
 def device_mesh(args, device, world_size):
@@ -1832,7 +1850,9 @@ def parse_args(argv=None):
     # [optional: compile]
     parser.add_argument("--compile", action="store_true",
                         help="compile the model with torch.compile: faster steps on GPUs after "
-                             "a minute or more of compiling; measured slower on CPU (default: off)")
+                             "a minute or more of compiling; measured slower on CPU. Each unit on "
+                             "its own for a model without BatchNorm whose units are its blocks (a "
+                             "transformer's); else the whole model (default: off)")
     # [optional: init-from]
     parser.add_argument("--init-from", default=None,
                         help="start from these weights: a model.pt of any step, a state dict, or "

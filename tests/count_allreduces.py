@@ -10,8 +10,10 @@ counting it counts syncs. FSDP all-reduces gradients only across the replicas of
 collectives module (torch.distributed.fsdp._fully_shard._fsdp_collectives, through
 torch.distributed.all_reduce): each such call, one per unit and backward, is counted in
 "fsdp_all_reduces". With --compile, dynamo's own counters of this process say how many graphs
-it captured and why it compiled again (a recompile). Each process writes
-{"reductions": N, "bucket_calls": N, "fsdp_all_reduces": N, "graphs": N, "recompiles": [reason, ...]} to
+it captured, how often it broke a graph (a graph break: code it could not trace, run eagerly between
+two graphs) and why it compiled again (a recompile). Each process writes
+{"reductions": N, "bucket_calls": N, "fsdp_all_reduces": N, "graphs": N, "graph_breaks": N,
+"frames_skipped": N, "recompiles": [reason, ...]} to
 $COUNT_DIR/rank<R>.json at exit.
 """
 import json
@@ -58,6 +60,10 @@ finally:
     # unique_graphs grows only when dynamo hands a captured graph to its backend (torch 2.14's
     # output_graph.py); the compilation metrics keep each frame's recompile reason.
     counts["graphs"] = dynamo_utils.counters["stats"]["unique_graphs"]
+    # Breaks dynamo resumed after, and those it could not (it then ran the whole frame eagerly).
+    counts["graph_breaks"] = sum(dynamo_utils.counters["graph_break"].values()) + \
+        sum(dynamo_utils.counters["unimplemented"].values())
+    counts["frames_skipped"] = dynamo_utils.counters["frames"]["total"] - dynamo_utils.counters["frames"]["ok"]
     counts["recompiles"] = [m.recompile_reason for m in dynamo_utils.get_compilation_metrics()
                             if m.recompile_reason]
     path = os.path.join(os.environ["COUNT_DIR"], f"rank{os.environ.get('RANK', '0')}.json")

@@ -11,13 +11,18 @@ compiler's fused rounding (a research run measured 2.2e-8 apart), so test_equiva
 holds.
 """
 import json
+import sys
 
 import pytest
 import torch
 
-from conftest import check, launch, run_ok, weights
+from conftest import ROOT, check, launch, run_ok, weights
 from test_equivalence import ACCUM, ACCUM_STEPS_PER_RUN, TIE_WEIGHT_ATOL, accumulation_run, assert_same_training
+from test_seam import TRANSFORMER
 from test_validation import load_script
+
+sys.path.insert(0, str(ROOT / "tools"))
+import ladder  # noqa: E402
 
 pytestmark = pytest.mark.slow  # the second tier: python -m pytest -n 2 -m slow tests
 
@@ -106,3 +111,20 @@ def test_fsdp_compiles_resnet18_whose_blocks_change_shape_from_stage_to_stage(ru
     assert "saved" in run.stdout
     for rank in (0, 1):
         assert json.loads((counts_dir / f"rank{rank}.json").read_text())["graphs"] >= 1
+
+
+def test_fsdp_compiles_a_transformer_unit_by_unit_without_a_graph_break(tmp_path):
+    # Each block compiled on its own, then sharded: FSDP's hooks run between the graphs. Measured
+    # with the whole model compiled instead: dynamo gave the root's forward up at FSDP's first hook
+    # (one break it could not resume from, the frame run eagerly) and compiled the blocks as they ran.
+    copy = tmp_path / "fsdp.py"
+    copy.write_text(ladder.replace_seam(ladder.read("fsdp.py", ROOT), TRANSFORMER))
+    args = ["--epochs", "2", "--batch-size", "8", "--lr", "0.05", "--log-interval", "1000"]
+    check(launch(str(copy), [*args, "--out-dir", str(tmp_path / "eager")], nproc=2))
+    compiled = check(launch("tests/count_allreduces.py", [*args, "--compile", "--out-dir", str(tmp_path / "compiled")],
+                            nproc=2, env={"COUNT_SCRIPT": str(copy), "COUNT_DIR": str(tmp_path / "counts")}))
+    assert "torch.compile: each of its 4 units on its own" in compiled.stdout
+    for rank in (0, 1):
+        counts = json.loads((tmp_path / "counts" / f"rank{rank}.json").read_text())
+        assert counts["graphs"] >= 1 and counts["graph_breaks"] == counts["frames_skipped"] == 0, counts
+    assert_same_training(tmp_path / "eager", tmp_path / "compiled")

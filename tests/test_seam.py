@@ -201,3 +201,85 @@ def test_fsdp_copy_shards_the_units_its_section_names_tied_weights_in_the_root(t
     assert f"FSDP: {units} units" in two.stdout
     assert max_weight_difference(weights(tmp_path / "one"), weights(tmp_path / "two")) <= WEIGHT_ATOL
     assert metrics(tmp_path / "two")[-1]["train_loss"] < metrics(tmp_path / "two")[0]["train_loss"]
+
+
+# A whole section of another kind: a small causal transformer that predicts each next token of
+# arithmetic sequences. Its blocks are fsdp.py's units (test_compile.py compiles them one by one).
+TRANSFORMER = '''
+# --- your data and model ------------------------------------------------------------------------
+# A small causal transformer: each next token of arithmetic sequences, from the tokens before it.
+
+VOCAB, LENGTH, WIDTH, HEADS, LAYERS = 32, 16, 32, 4, 4
+EVAL_METRICS = ("loss",)
+RESUME_MAY_CHANGE_TASK = ()
+
+
+def add_task_arguments(parser):
+    parser.add_argument("--sequences", type=int, default=128, help="training sequences (default: 128)")
+
+
+def make_sequences(num_samples, seed):
+    generator = torch.Generator().manual_seed(seed)
+    start = torch.randint(VOCAB, (num_samples, 1), generator=generator)
+    step = torch.randint(1, 4, (num_samples, 1), generator=generator)
+    tokens = (start + step * torch.arange(LENGTH + 1)) % VOCAB  # arithmetic sequences
+    return TensorDataset(tokens[:, :-1], tokens[:, 1:])
+
+
+def build_datasets(args):
+    return make_sequences(args.sequences, 2 * args.seed + 1), make_sequences(37, 2 * args.seed + 2), VOCAB
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(WIDTH), nn.LayerNorm(WIDTH)
+        self.qkv, self.out = nn.Linear(WIDTH, 3 * WIDTH), nn.Linear(WIDTH, WIDTH)
+        self.mlp = nn.Sequential(nn.Linear(WIDTH, 4 * WIDTH), nn.GELU(), nn.Linear(4 * WIDTH, WIDTH))
+
+    def forward(self, x):
+        batch, length, _ = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(batch, length, 3, HEADS, WIDTH // HEADS).unbind(2)
+        attended = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                  is_causal=True)
+        x = x + self.out(attended.transpose(1, 2).reshape(batch, length, WIDTH))
+        return x + self.mlp(self.norm2(x))
+
+
+class TinyTransformer(nn.Module):
+    def __init__(self, vocab):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab, WIDTH)
+        self.position = nn.Parameter(torch.zeros(LENGTH, WIDTH))
+        self.blocks = nn.ModuleList([Block() for _ in range(LAYERS)])
+        self.norm, self.head = nn.LayerNorm(WIDTH), nn.Linear(WIDTH, vocab)
+
+    def forward(self, tokens):
+        x = self.embedding(tokens) + self.position
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+def build_model(args, num_outputs):
+    return TinyTransformer(num_outputs)
+
+
+def pretrained_weights(args):
+    raise ConfigError("this task has no pretrained weights")
+
+
+def shard_units(model):
+    return list(model.blocks)
+
+
+def batch_loss(model, batch):
+    tokens, targets = batch
+    return F.cross_entropy(model(tokens).flatten(0, 1), targets.flatten()), len(targets)
+
+
+def evaluate_batch(model, batch):
+    tokens, targets = batch
+    loss = F.cross_entropy(model(tokens).float().flatten(0, 1), targets.flatten(), reduction="sum")
+    return torch.stack([loss.double() / LENGTH]), len(targets)
+'''

@@ -346,7 +346,9 @@ MANIFEST = {
              "rather than taken, so a stem's or a downsampling layer's few parameters are the "
              "root's. Tied weights (one tensor in two modules) are gathered as one: a unit holding "
              "one of them holds all its modules, or the root holds them. What a section returns is "
-             "checked before anything is sharded, one line for each mistake."),
+             "checked before anything is sharded, one line for each mistake. --compile compiles each "
+             "unit on its own where the units are blocks of a model without BatchNorm (a "
+             "transformer's), else the whole model (compile_model)."),
             ("hostcopy", "One copy of the model in host memory",
              "Every process builds the model on the meta device: shapes, no memory, no values. Rank 0 "
              "alone builds it with values, in its CPU memory, from the seed ddp_full.py uses (and "
@@ -464,7 +466,9 @@ MANIFEST = {
             "find_checkpoint": "checkpoint",
             "restore": [("dcp", "checkpoint"), ("sharded", "checkpoint"), ("", "reshard")],
             "start_or_resume": "reshard",
-            "train": [("get_model_state_dict", "modelpt"), ("rank0_only(rank, atomic_save, full", "modelpt"),
+            "compile_model": "units",
+            "train": [("compile_model", "units"), ("get_model_state_dict", "modelpt"),
+                      ("rank0_only(rank, atomic_save, full", "modelpt"),
                       ("evaluate", "validation"), ("epoch_position", "reshard"),
                       ("start_or_resume", "reshard"), ("units = shard_model", "shard"),
                       ("build_on_meta", "hostcopy"), ("full_model", "hostcopy"), ("", "shard")],
@@ -475,8 +479,8 @@ MANIFEST = {
                           "--gradient-as-bucket-view": "no DDP buckets to view"},
         "mechanisms": {"shard_model", "precision_policies", "spare_batch", "check_shards", "shard_write_error",
                        "broadcast_buffers", "recompute_in_backward", "buffers_kept", "device_mesh",
-                       "find_blocks", "check_units", "shard_units"},
-        "diff_size": (567, 126),
+                       "find_blocks", "check_units", "shard_units", "compile_model"},
+        "diff_size": (588, 127),
     },
 }
 

@@ -707,6 +707,18 @@ PITFALLS = [
         "mutation": ("fsdp.py", "        if tied := shares_parameters(model, unit):", "        if tied := None:"),
     },
     {
+        "title": "FSDP with --compile: a transformer compiled whole",
+        "mistake": "`model.compile()` on the whole model before sharding a transformer",
+        "symptom": "nothing fails: dynamo gives the root's forward up at FSDP's first hook (a break in the loop over "
+                   "the blocks, the frame then run eagerly) and compiles each block as it runs",
+        "correct": "compile each unit on its own, then shard it, as torchtitan does: FSDP's hooks run between the "
+                   "graphs, none breaks (a model with BatchNorm, or with torch.nn layers as units, stays whole)",
+        "fix": [("fsdp.py", "        module.compile(dynamic=False)")],
+        "guards": ["tests/test_compile.py::test_fsdp_compiles_a_transformer_unit_by_unit_without_a_graph_break"],
+        "mutation": ("fsdp.py", "    for module in modules:\n        module.compile(dynamic=False)\n",
+                     "    model.compile(dynamic=False)\n"),
+    },
+    {
         "title": "FSDP with --compile: a block's forward recompiled with symbolic shapes",
         "mistake": "`model.compile()` with its default shapes before `fully_shard`",
         "symptom": "FSDP's hooks split the compiled forward at every unit, so each residual block's forward is "
