@@ -1204,7 +1204,8 @@ def read_state_dict(path):
     """The weights in a file: a model.pt, a plain state dict, or a checkpoint holding "model"."""
     try:
         # weights_only: tensors and plain containers only, so loading a file runs no code from it.
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        # mmap: the tensors stay the file's pages, read as they are used, never a copy in memory.
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as err:  # weights_only runs nothing from the file: what fails is the file
         reason = (str(err).strip().splitlines() or [""])[0]
         raise ConfigError(f"--init-from {path} cannot be read: {type(err).__name__} {reason}") \

@@ -80,6 +80,7 @@ import signal  # [optional: preemption, mid-epoch]
 import sys
 import tempfile
 import time
+import warnings  # [optional: init-from]
 from pathlib import Path
 
 import torch
@@ -149,14 +150,10 @@ def train(args):
     # Found before the model is built: a checkpoint wins over --init-from.
     checkpoint, checkpoint_path = find_checkpoint(args, world_size)
     # Every process builds the model on the meta device (its shapes: no memory, no values); rank 0
-    # alone builds its values, the job's one copy in host memory, which shard_model hands out.
+    # alone holds its values, which shard_model hands out as shards (initial_values says which).
     model = build_on_meta(args, num_outputs)
     set_seed(args.seed)
-    full_model = build_model(args, num_outputs) if rank == 0 else None
-    # [optional: init-from]
-    if args.init_from and checkpoint is None:
-        # Rank 0 reads the weights into its copy; shard_model hands them out as shards.
-        rank0_only(rank, init_weights_from, args, full_model)
+    values = rank0_only(rank, initial_values, args, model, num_outputs, checkpoint is None)
     # --channels-last reorders the inputs alone: fully_shard takes contiguous parameters only.
     log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
     # [optional: compile]
@@ -169,8 +166,8 @@ def train(args):
         # The global batch's statistics, all-reduced in every forward: they pay for small batches
         # per GPU. Its keys stay BatchNorm's (model.pt loads without it); a resume needs it again.
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    units = shard_model(args, model, full_model, device, world_size)
-    del full_model  # its values are in every process's shards now: free rank 0's host copy
+    units = shard_model(args, model, values, device, world_size, checkpoint is None)
+    del values  # in every process's shards now: free rank 0's host copy
     # After sharding: the optimizer must hold the sharded parameters (DTensors) that fully_shard
     # put in the model's place; built before, it would step the freed full ones.
     optimizer = build_optimizer(args, model)
@@ -563,6 +560,13 @@ def build_model(args, num_outputs):
     return models.get_model(args.model, num_classes=num_outputs)
 
 
+# Rank 0 builds the model's values (build_model) and hands every process its shards. A model too
+# big for one host's memory defines instead init_weights(model): called on every process once the
+# model is sharded and its memory allocated, it sets every parameter and buffer in place (each
+# layer's reset_parameters(), say); none of the model is then whole anywhere.
+init_weights = None
+
+
 def shard_units(model):
     """The modules fsdp.py shards one by one (units), each gathered whole only while it computes;
     what is in none is the root's, gathered from the forward to the backward. A torchvision model's
@@ -809,9 +813,10 @@ def precision_policies(args):
     return policy, root_policy, norm_policy
 
 
-def shard_model(args, model, full_model, device, world_size):
+def shard_model(args, model, values, device, world_size, afresh):
     """Shard the model (on the meta device) over all processes with fully_shard, unit by unit,
-    then the root; fill every process's shards with its slices of rank 0's full_model.
+    then the root; fill every process's shards with its slices of rank 0's values, or let the
+    section's init_weights fill each process's own.
 
     The units are the modules shard_units names (section "your data and model"): a model's
     blocks. Before a unit's forward, and again before its backward, its full parameters are
@@ -844,14 +849,22 @@ def shard_model(args, model, full_model, device, world_size):
     # Memory for the shards on this process's device, then their values: rank 0 broadcasts each
     # tensor of its full model in turn and every process keeps its own slice.
     model.to_empty(device=device)
-    set_model_state_dict(model, full_model.state_dict() if full_model is not None else {},
-                         options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
-    # Buffers are not sharded; a state dict leaves out those not saved (non-persistent: a
-    # transformer's causal mask, say), which the broadcast must give too.
-    if full_model is not None:
-        full_buffers = dict(full_model.named_buffers())
-        for name, buffer in model.named_buffers():
-            buffer.copy_(full_buffers[name])
+    if own_initialisation(args, afresh):
+        # Every process fills its own shards. On GPUs DTensor draws a shard as its slice of one
+        # random tensor, from one seed; a CPU mesh has no such generator (torch warns), and each
+        # process draws from a seed of its own, or every shard would hold the same numbers.
+        set_seed(args.seed if device.type == "cuda" else args.seed + dist.get_rank())
+        with torch.no_grad():
+            init_weights(model)
+    else:
+        state = {name: values[name] for name in model.state_dict()} if values is not None else {}
+        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True,
+                                                                    broadcast_from_rank0=True))
+        # Buffers are not sharded; a state dict leaves out those not saved (non-persistent: a
+        # transformer's causal mask, say), which the broadcast must give too.
+        if values is not None:
+            for name, buffer in model.named_buffers():
+                buffer.copy_(values[name])
     broadcast_buffers(model)
     return len(units) + 1
 
@@ -1627,6 +1640,35 @@ def check_model_fits(args, num_outputs, train_set, val_set, world_size):
         raise ConfigError(f"the model does not fit the data: {reason}{where}") from None
 
 
+def own_initialisation(args, afresh):
+    """Whether each process initialises its own shards: where the section defines init_weights."""
+    # [optional: init-from]
+    if args.init_from and afresh:  # but --init-from's weights, which rank 0 hands out
+        return False
+    return init_weights is not None
+
+
+def initial_values(args, model, num_outputs, afresh):
+    """Rank 0's values for the shards, {name: tensor} of the state dict and of the buffers it
+    leaves out; None where each process initialises its own (own_initialisation). build_model's,
+    the job's one copy in host memory. Starting afresh from an --init-from file, the file itself,
+    memory-mapped: its pages on the disk, no copy in memory and no random values first (a model
+    whose state dict leaves buffers out is built for them, and pretrained weights for their
+    classifier of another size)."""
+    if own_initialisation(args, afresh):
+        return None
+    # [optional: init-from]
+    unsaved = {name for name, _ in model.named_buffers()} - model.state_dict().keys()
+    # [optional: init-from]
+    if args.init_from not in (None, "pretrained") and afresh and not unsaved:
+        return init_weights_from(args, model)  # the meta model: checks every key and shape
+    full_model = build_model(args, num_outputs)
+    # [optional: init-from]
+    if args.init_from and afresh:
+        init_weights_from(args, full_model)
+    return {**full_model.state_dict(), **dict(full_model.named_buffers())}
+
+
 def build_on_meta(args, num_outputs):
     """The model on the meta device: its shapes, without memory or values. A model whose
     construction reads values (.item(), a condition on a tensor) cannot be built there: one line."""
@@ -1645,7 +1687,8 @@ def read_state_dict(path):
     """The weights in a file: a model.pt, a plain state dict, or a checkpoint holding "model"."""
     try:
         # weights_only: tensors and plain containers only, so loading a file runs no code from it.
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        # mmap: the tensors stay the file's pages, read as they are used, never a copy in memory.
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as err:  # weights_only runs nothing from the file: what fails is the file
         reason = (str(err).strip().splitlines() or [""])[0]
         raise ConfigError(f"--init-from {path} cannot be read: {type(err).__name__} {reason}") \
@@ -1676,12 +1719,15 @@ def init_weights_from(args, model):
     else:
         state = read_state_dict(args.init_from)
     try:
-        model.load_state_dict(state)
+        with warnings.catch_warnings():  # into a meta model a load copies nothing, and says so
+            warnings.simplefilter("ignore", UserWarning)
+            model.load_state_dict(state)
     except RuntimeError as err:
         reason = " ".join(str(err).split())[:300]
         raise ConfigError(f"--init-from {args.init_from} does not fit the model: {reason}") \
             from None
     log(f"weights from {args.init_from}" + (f"; fresh: {', '.join(fresh)}" if fresh else ""))
+    return state
 
 
 # --- machinery ------------------------------------------------------------------------------------
@@ -1790,6 +1836,8 @@ TASK_HOOKS = {
     "RESUME_MAY_CHANGE_TASK": "RESUME_MAY_CHANGE_TASK names the task's flags a resume may change",
     "shard_units": "shard_units(model) returns the modules fsdp.py shards one by one (a default: "
                    "find_blocks)",
+    "init_weights": "init_weights is None (rank 0 builds the model's values), or "
+                    "init_weights(model) sets every parameter and buffer of the sharded model",
 }
 
 

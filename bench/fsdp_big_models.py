@@ -20,6 +20,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -75,8 +76,12 @@ def worker(kind, script_path, records, argv):
 
     def measured(*args):
         units = shard_model(*args)
+        # Resident now, by kind: anonymous memory (the process's own) and pages of mapped files (a
+        # memory-mapped --init-from), which the kernel may drop and read again.
+        status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
         write(imported_mib=imported, units=units,
-              peak_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+              peak_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+              anon_mib=int(status["RssAnon"].split()[0]) / 1024, file_mib=int(status["RssFile"].split()[0]) / 1024)
         return units
 
     def counted(*args, **kwargs):
@@ -128,31 +133,66 @@ def per_layer_norms(tmp):
     return path
 
 
-def host_memory(models, nprocs, before):
+def host_memory(models, nprocs, before, init_from_before):
     lines = ["", "## Host memory per process at start-up", "",
              "Peak resident set size of each process when `shard_model` returns (MiB), and its rise over the "
              "process after importing torch, torchvision and the script. `before`: fsdp.py at " + f"`{before}`" +
              ", where every process built the whole model; `now`: rank 0 alone builds it, the others build it "
-             "on the meta device. Float32 parameters: resnet50 (10 classes) 94 MB, vit_b_16 343 MB.", "",
-             "| model | processes | fsdp.py | rank 0 peak | rank 0 rise | other ranks' peak (max) | "
-             "other ranks' rise (max) |", "| --- | --- | --- | --- | --- | --- | --- |"]
+             "on the meta device; `now, init_weights`: the section's init_weights sets each process's own "
+             "shards (every layer's reset_parameters()), nothing built whole; `now, --init-from`: rank 0 reads "
+             "a file of the model's weights, memory-mapped, instead of building the model (at " + f"`{init_from_before}`" +
+             ", before it, rank 0 built the model at random, then loaded the file into it). Resident when "
+             "`shard_model` returns, by kind: anonymous memory, and pages of mapped files (the kernel may drop "
+             "those and read them again). Float32 parameters: "
+             "resnet50 (10 classes) 94 MB, vit_b_16 343 MB.", "",
+             "| model | processes | fsdp.py | rank 0 peak | rank 0 rise | rank 0 anonymous / file-backed | "
+             "other ranks' peak (max) | other ranks' rise (max) |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for model, nproc in ((m, n) for m in models for n in nprocs):
-        lines += host_memory_rows(model, nproc, before)
+        lines += host_memory_rows(model, nproc, before, init_from_before)
     return lines
 
 
-def host_memory_rows(model, nproc, before):
+# The section's init_weights in a copy of fsdp.py: each process sets its own shards, as torchtitan's
+# models do (every torch.nn layer has its reset_parameters()).
+OWN_INIT = ("def init_weights(model):\n"
+            "    for module in model.modules():\n"
+            "        if hasattr(module, 'reset_parameters'):\n"
+            "            module.reset_parameters()\n")
+
+
+def with_own_init(tmp):
+    """fsdp.py with a section that initialises each process's shards itself, written into tmp."""
+    text = (ROOT / "fsdp.py").read_text()
+    if text.count("\ninit_weights = None\n") != 1:
+        raise SystemExit("fsdp.py's section has no line 'init_weights = None' to replace")
+    path = Path(tmp) / "fsdp_own_init.py"
+    path.write_text(text.replace("\ninit_weights = None\n", "\n" + OWN_INIT))
+    return path
+
+
+def host_memory_rows(model, nproc, before, init_from_before):
     lines = []
     with tempfile.TemporaryDirectory() as tmp:
-        for label, path in (("before", per_layer_norms(tmp)), ("now", ROOT / "fsdp.py")):
+        import torchvision
+
+        weights = Path(tmp) / "weights.pt"  # what --init-from reads: the model's state dict
+        torch.save(torchvision.models.get_model(model, num_classes=10).state_dict(), weights)
+        init_from = ["--init-from", str(weights)]
+        for label, path, extra in (("before", revision(before, tmp), []), ("now", ROOT / "fsdp.py", []),
+                                   ("now, init_weights", with_own_init(tmp), []),
+                                   (f"{Path(init_from_before).stem.removeprefix('fsdp_')}, --init-from",
+                                    revision(init_from_before, tmp), init_from),
+                                   ("now, --init-from", ROOT / "fsdp.py", init_from)):
+            name = re.sub(r"\W+", "_", label) + str(nproc)
             argv = ["--model", model, "--train-samples", str(4 * nproc), "--val-samples", str(2 * nproc),
                     "--batch-size", "2", "--epochs", "1", "--max-steps", "1", "--workers", "0",
                     "--image-size", "224" if model.startswith("vit") else "32",
-                    "--out-dir", str(Path(tmp) / f"{label}{nproc}")]
-            records = launch("host", path, nproc, argv, tmp, f"{label}{nproc}")
+                    "--out-dir", str(Path(tmp) / name), *extra]
+            records = launch("host", path, nproc, argv, tmp, name)
             first, others = records[0], records[1:]
             lines.append(f"| {model} | {nproc} | {label} | {first['peak_mib']:.0f} | "
                          f"{first['peak_mib'] - first['imported_mib']:.0f} | "
+                         f"{first['anon_mib']:.0f} / {first['file_mib']:.0f} | "
                          f"{max(r['peak_mib'] for r in others):.0f} | "
                          f"{max(r['peak_mib'] - r['imported_mib'] for r in others):.0f} |")
     return lines
@@ -234,6 +274,9 @@ def main(argv=None):
     parser.add_argument("--before", default="b04bc52",
                         help="the git revision of fsdp.py to compare with, or a file (default: b04bc52, the "
                              "last in which every process built the whole model)")
+    parser.add_argument("--init-from-before", default="d85456f",
+                        help="the git revision of fsdp.py, or a file, whose --init-from to compare with (default: "
+                             "d85456f, the last whose rank 0 built the model at random, then loaded the file)")
     parser.add_argument("--out", default=str(ROOT / "docs" / "bench" / "fsdp"),
                         help="output folder (default: docs/bench/fsdp)")
     args = parser.parse_args(argv)
@@ -245,7 +288,7 @@ def main(argv=None):
                  f"{datetime.date.today()}; torch {__import__('torch').__version__}, {os.cpu_count()} CPUs, gloo."]
         if part == "host":
             lines += host_memory(["resnet18"] if args.quick else ["resnet50", "vit_b_16"],
-                                 [2] if args.quick else [2, 4], args.before)
+                                 [2] if args.quick else [2, 4], args.before, args.init_from_before)
         elif part == "collectives":
             lines += collectives(*(("resnet18", 8) if args.quick else ("resnet50", 16)))
         else:

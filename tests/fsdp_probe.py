@@ -1,6 +1,6 @@
 """Run fsdp.py's main() under torchrun and record what a test cannot see from outside.
 
-    PROBE_DIR=DIR torchrun ... tests/fsdp_probe.py ARGS
+    PROBE_DIR=DIR [PROBE_SCRIPT=COPY] torchrun ... tests/fsdp_probe.py ARGS
 
 Each process records, for the number of processes W it runs in and its rank R:
 - DIR/samples_w<W>_r<R>.txt: one line "epoch index" per training sample its sampler hands out,
@@ -12,6 +12,8 @@ Each process records, for the number of processes W it runs in and its rank R:
   gathered from every process's shards;
 - DIR/built_w<W>_r<R>.txt: one line per model build_model made, the device its parameters are on
   (meta: shapes only), and "init_weights_from" where that process read --init-from;
+- with PROBE_INITIAL=1, DIR/initial_w<W>.pt (rank 0): the model's state as shard_model left it,
+  before any training, gathered from every process's shards;
 - with PROBE_OPS=1, DIR/ops_w<W>_r<R>.json: over training (train_one_epoch, forward and backward),
   the micro-batches, the dtype casts (aten._to_copy) and BatchNorm's calls by the dtype of their
   input (a float32 input under --amp bf16 is a cast BatchNorm did not need).
@@ -28,7 +30,8 @@ import torch.distributed as dist
 
 # LADDER_ROOT: another copy of the scripts, as in conftest.py (the mutation check's).
 ROOT = Path(os.environ.get("LADDER_ROOT") or Path(__file__).resolve().parent.parent)
-spec = importlib.util.spec_from_file_location("fsdp", ROOT / "fsdp.py")
+# PROBE_SCRIPT: a copy of fsdp.py with another section (a test's), else the repository's own.
+spec = importlib.util.spec_from_file_location("fsdp", os.environ.get("PROBE_SCRIPT") or ROOT / "fsdp.py")
 fsdp = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(fsdp)  # defines everything, runs nothing
 probe_dir = Path(os.environ["PROBE_DIR"])
@@ -118,6 +121,20 @@ class CountingOps(torch.utils._python_dispatch.TorchDispatchMode):
             self.counts["batch_norm_inputs"][key] = self.counts["batch_norm_inputs"].get(key, 0) + 1
         return func(*args, **(kwargs or {}))
 
+
+if os.environ.get("PROBE_INITIAL"):
+    shard_model = fsdp.shard_model
+
+    def recording_shard_model(args, model, *rest):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        units = shard_model(args, model, *rest)
+        initial = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if dist.get_rank() == 0:
+            torch.save(initial, probe_dir / f"initial_w{dist.get_world_size()}.pt")
+        return units
+
+    fsdp.shard_model = recording_shard_model
 
 if os.environ.get("PROBE_OPS"):
     ops = {"micro_batches": 0, "casts": 0, "batch_norm_inputs": {}}

@@ -181,13 +181,16 @@ def fsdp_at(revision, tmp_path):
 @pytest.mark.slow
 def test_fsdp_big_models_benchmark_writes_its_tables_and_checkpointing_keeps_fewer_activations(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "bench" / "fsdp_big_models.py"), "--quick", "--parts",
-                             "host,activations", "--before", fsdp_at("b04bc52", tmp_path), "--out", str(tmp_path)],
+                             "host,activations", "--before", fsdp_at("b04bc52", tmp_path), "--init-from-before",
+                             fsdp_at("d85456f", tmp_path), "--out", str(tmp_path)],
                             cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    host = [line.split("|") for line in (tmp_path / "host.md").read_text().splitlines()
+    host = [[cell.strip() for cell in line.split("|")] for line in (tmp_path / "host.md").read_text().splitlines()
             if line.startswith("| resnet18 | 2 |")]
-    assert [row[3].strip() for row in host] == ["before", "now"]
-    assert all(float(cell) > 0 for row in host for cell in row[4:8:2]), host  # peaks: measured, whatever they are
+    assert [row[3] for row in host] == ["before", "now", "now, init_weights", "d85456f, --init-from",
+                                        "now, --init-from"], host
+    # Measured, whatever they are: the peaks, rank 0's anonymous and file-backed memory.
+    assert all(float(cell) > 0 for row in host for cell in [row[4], *row[6].split(" / "), row[7]]), host
     rows = {line.split("|")[1].strip(): line.split("|") for line in (tmp_path / "activations.md").read_text().splitlines()
             if line.startswith(("| on |", "| off |"))}
     # Bytes saved for backward, counted, not timed: a block that recomputes keeps its input alone.

@@ -417,21 +417,60 @@ def test_fsdp_nodes_that_write_to_different_disks_stop_at_the_first_checkpoint_w
 # --- models too big for one process: one host copy, activation checkpointing, empty shards ------
 
 @pytest.mark.slow
-def test_fsdp_builds_the_models_values_on_rank_0_alone_and_the_others_only_its_shapes(runs, tmp_path):
+def test_fsdp_builds_the_models_values_on_rank_0_alone_and_the_others_only_its_shapes(tmp_path):
     # A copy of the whole model per process would not fit a node's host memory with a large model:
-    # rank 0 builds it (and reads --init-from), the others build it on the meta device, and the
-    # shards are filled from rank 0's. The values arrive whole: the first validation scores the
-    # weights as single_gpu.py scored them, the same count and the loss up to summation order.
+    # rank 0 builds it, the others build it on the meta device, and the shards are filled from rank 0's.
+    probe_dir = tmp_path / "probe"
+    check(probe(tmp_path / "run", ["--batch-size", "8", "--max-steps", "1"], 2, probe_dir))
+    built = {r: (probe_dir / f"built_w2_r{r}.txt").read_text().split() for r in (0, 1)}
+    assert [line for line in built[0] if line != "meta"] == ["cpu"], built
+    assert set(built[1]) == {"meta"}, built
+
+
+@pytest.mark.slow
+def test_fsdp_starts_from_an_init_from_file_that_rank_0_reads_without_building_the_model(runs, tmp_path):
+    # Starting afresh from a file: rank 0 reads it, memory-mapped, into the shards; no process
+    # builds the model's values at random first. The values arrive whole: the first validation
+    # scores the weights as single_gpu.py scored them, the same count and the loss up to summation order.
     single = runs.get("single16", "single_gpu.py", ["--batch-size", str(GLOBAL_BATCH)])
     probe_dir = tmp_path / "probe"
     check(probe(tmp_path / "run", ["--batch-size", "8", "--max-steps", "1", "--init-from",
                                    str(single / "model.pt")], 2, probe_dir))
     built = {r: (probe_dir / f"built_w2_r{r}.txt").read_text().split() for r in (0, 1)}
-    assert [line for line in built[0] if line != "meta"] == ["cpu", "init_weights_from"], built
+    assert [line for line in built[0] if line != "meta"] == ["init_weights_from"], built
     assert set(built[1]) == {"meta"}, built
     start, last_single = metrics(tmp_path / "run")[0], metrics(single)[-1]
     assert start["epoch"] == 0 and start["val_acc"] == last_single["val_acc"], (start, last_single)
     assert start["val_loss"] == pytest.approx(last_single["val_loss"], rel=1e-6)
+
+
+# A section's init_weights: every layer's own initialisation, run by each process on its own shards.
+OWN_INIT = """def init_weights(model):
+    for module in model.modules():
+        if hasattr(module, "reset_parameters"):
+            module.reset_parameters()
+"""
+
+
+@pytest.mark.slow
+def test_fsdp_with_a_sections_init_weights_builds_nothing_whole_and_each_process_draws_its_own_shards(tmp_path):
+    # Nothing whole on any process: every build is on the meta device. On a CPU, where DTensor
+    # cannot draw a shard as its slice of one random tensor, each process draws from a seed of its
+    # own: the same seed everywhere would give every shard the same numbers (rows 0-15 of the first
+    # convolution equal to rows 16-31, measured). The model so started learns.
+    copy = tmp_path / "fsdp.py"
+    copy.write_text((ROOT / "fsdp.py").read_text().replace("\ninit_weights = None\n", "\n" + OWN_INIT, 1))
+    assert OWN_INIT in copy.read_text()
+    probe_dir, out_dir = tmp_path / "probe", tmp_path / "run"
+    probe_dir.mkdir()
+    check(launch("tests/fsdp_probe.py", [*TINY, "--batch-size", "8", "--out-dir", str(out_dir)], nproc=2,
+                 env={"PROBE_DIR": str(probe_dir), "PROBE_SCRIPT": str(copy), "PROBE_INITIAL": "1"}))
+    built = {r: (probe_dir / f"built_w2_r{r}.txt").read_text().split() for r in (0, 1)}
+    assert set(built[0]) == set(built[1]) == {"meta"}, built
+    initial = torch.load(probe_dir / "initial_w2.pt")["features.0.weight"]  # 32 channels, 16 a process
+    assert not torch.equal(initial[:16], initial[16:])
+    records = metrics(out_dir)
+    assert records[-1]["train_loss"] < records[0]["train_loss"], records
 
 
 @pytest.mark.slow

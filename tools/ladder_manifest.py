@@ -319,7 +319,7 @@ MANIFEST = {
                        "ReadableSamples", "readable_sets", "report_unreadable", "write_error", "check_task",
                        "check_model_fits",
                        "init_weights_from"},
-        "diff_size": (942, 76),
+        "diff_size": (943, 76),
     },
     "fsdp.py": {
         "concepts": [
@@ -351,13 +351,16 @@ MANIFEST = {
              "transformer's), else the whole model (compile_model)."),
             ("hostcopy", "One copy of the model in host memory",
              "Every process builds the model on the meta device: shapes, no memory, no values. Rank 0 "
-             "alone builds it with values, in its CPU memory, from the seed ddp_full.py uses (and "
-             "reads --init-from into it): a copy per process would not fit a node's memory with a "
+             "alone holds its values, in its CPU memory: the model built from the seed ddp_full.py "
+             "uses, or, starting from an --init-from file, that file memory-mapped (its pages on the "
+             "disk, no random values first): a copy per process would not fit a node's memory with a "
              "large model. shard_model gives each slice memory on its process's device (to_empty) and "
              "fills it: set_model_state_dict(..., broadcast_from_rank0=True) broadcasts rank 0's "
              "tensors one at a time, each process keeping its slice, and one broadcast per dtype "
              "hands out the buffers, which FSDP does not shard (again before each validation and "
-             "checkpoint: each process updates its own)."),
+             "checkpoint: each process updates its own). A model too big for one host's memory "
+             "defines init_weights in its section: each process then sets its own slices, and "
+             "nothing is whole anywhere."),
             ("precision", "Mixed precision: FSDP's policy",
              "MixedPrecisionPolicy instead of autocast: the slices stay float32, the gathered "
              "parameters are bf16 (or fp16) for compute, gradients are reduced in float32, and the "
@@ -419,8 +422,8 @@ MANIFEST = {
              "its GPU): plain keys, loading into the model without FSDP."),
             FLAGS,
         ],
-        "ahead": {"precision_policies": "precision", "broadcast_buffers": "hostcopy",
-                  "recompute_in_backward": "recompute", "full_model": "hostcopy",
+        "ahead": {"precision_policies": "precision", "broadcast_buffers": "hostcopy", "values": "hostcopy",
+                  "recompute_in_backward": "recompute", "own_initialisation": "hostcopy", "init_weights": "hostcopy",
                   "device_mesh": "hsdp", "check_units": "units", "shard_units": "units"},
         "regions": {
             "docstring": "top",
@@ -445,6 +448,10 @@ MANIFEST = {
             "TASK_HOOKS": "units",
             "broadcast_buffers": "hostcopy",
             "build_on_meta": "hostcopy",
+            "init_weights": "hostcopy",
+            "own_initialisation": "hostcopy",
+            "initial_values": "hostcopy",
+            "init_weights_from": "hostcopy",
             "recompute_in_backward": "recompute",
             "buffers_kept": "recompute",
             "check_torch": "shard",
@@ -471,7 +478,8 @@ MANIFEST = {
                       ("rank0_only(rank, atomic_save, full", "modelpt"),
                       ("evaluate", "validation"), ("epoch_position", "reshard"),
                       ("start_or_resume", "reshard"), ("units = shard_model", "shard"),
-                      ("build_on_meta", "hostcopy"), ("full_model", "hostcopy"), ("", "shard")],
+                      ("build_on_meta", "hostcopy"), ("initial_values", "hostcopy"), ("del values", "hostcopy"),
+                      ("", "shard")],
         },
         "removed": {"autocast": "precision"},
         "flags_added": {"--activation-checkpointing", "--replicas"},
@@ -479,8 +487,9 @@ MANIFEST = {
                           "--gradient-as-bucket-view": "no DDP buckets to view"},
         "mechanisms": {"shard_model", "precision_policies", "spare_batch", "check_shards", "shard_write_error",
                        "broadcast_buffers", "recompute_in_backward", "buffers_kept", "device_mesh",
-                       "find_blocks", "check_units", "shard_units", "compile_model"},
-        "diff_size": (588, 127),
+                       "find_blocks", "check_units", "shard_units", "compile_model", "initial_values",
+                       "own_initialisation"},
+        "diff_size": (638, 130),
     },
 }
 
@@ -534,8 +543,9 @@ BRIEF = {
                    "units = shard_model(", "optimizer = build_optimizer(args, model)",
                    "return init_device_mesh(device.type, (world_size,))", "    release_device_meshes()"]),
         ("hostcopy", ["model = build_on_meta(", ("build_on_meta", '*with torch.device("meta")'),
-                      "full_model = build_model(", "del full_model", "model.to_empty(device=device)",
-                      "set_model_state_dict(model, full_model", ("shard_model", "broadcast_buffers(model)")]),
+                      "values = rank0_only(rank, initial_values", "full_model = build_model(",
+                      "model.to_empty(device=device)", ("shard_model", "init_weights(model)"),
+                      "set_model_state_dict(model, state, options", ("shard_model", "broadcast_buffers(model)")]),
         ("precision", [" policy = fsdp.MixedPrecisionPolicy(", "root_policy = fsdp.MixedPrecisionPolicy("]),
         ("hsdp", ["return init_device_mesh(device.type, (args.replicas", "model.set_requires_all_reduce("]),
         ("clip", ["grad_norm = torch.nn.utils"]),

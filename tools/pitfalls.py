@@ -578,13 +578,13 @@ PITFALLS = [
         "fix": [("fsdp.py", "    optimizer = build_optimizer(args, model)")],
         "guards": ["tests/test_fsdp.py::test_fsdp_on_2_processes_with_accumulation_trains_what_one_process_trains"],
         "mutation": ("fsdp.py",
-                     "    units = shard_model(args, model, full_model, device, world_size)\n"
-                     "    del full_model  # its values are in every process's shards now: free rank 0's host copy\n"
+                     "    units = shard_model(args, model, values, device, world_size, checkpoint is None)\n"
+                     "    del values  # in every process's shards now: free rank 0's host copy\n"
                      "    # After sharding: the optimizer must hold the sharded parameters (DTensors) that fully_shard\n"
                      "    # put in the model's place; built before, it would step the freed full ones.\n"
                      "    optimizer = build_optimizer(args, model)\n",
                      "    optimizer = build_optimizer(args, model)\n"
-                     "    units = shard_model(args, model, full_model, device, world_size)\n"),
+                     "    units = shard_model(args, model, values, device, world_size, checkpoint is None)\n"),
     },
     {
         "title": "FSDP: a sharded state dict saved with torch.save by rank 0",
@@ -732,6 +732,32 @@ PITFALLS = [
         "mutation": ("fsdp.py", "        model.compile(dynamic=False)", "        model.compile()"),
     },
     {
+        "title": "FSDP: --init-from loaded into a model built at random",
+        "mistake": "building the whole model on rank 0 (random values first), then loading --init-from's file into it",
+        "symptom": "rank 0 holds the model twice at start-up, its random values and the file's read into memory "
+                   "(resnet18: 99 MiB over the imports, against 81 read from the file memory-mapped), and spends "
+                   "the random initialisation of a model about to be overwritten",
+        "correct": "starting afresh from a file, rank 0 reads it memory-mapped straight into the shards' broadcast, "
+                   "checking every key and shape against the meta-device model; nothing is built",
+        "fix": [("fsdp.py", "if args.init_from not in (None, \"pretrained\") and afresh and not unsaved:")],
+        "guards": ["tests/test_fsdp.py::test_fsdp_starts_from_an_init_from_file_that_rank_0_reads_without_building_the_model"],
+        "mutation": ("fsdp.py", "if args.init_from not in (None, \"pretrained\") and afresh and not unsaved:",
+                     "if False:"),
+    },
+    {
+        "title": "FSDP: a section's init_weights drawn from one seed on a CPU",
+        "mistake": "seeding every process alike before each initialises its own shards",
+        "symptom": "on GPUs DTensor draws a shard as its slice of one random tensor; a CPU mesh has no such generator, "
+                   "and each process draws its shard from the same numbers: the first convolution's channels 0-15 "
+                   "equal to 16-31, a symmetry that training must break",
+        "correct": "on a CPU each process draws from a seed of its own (seed + rank); on GPUs one seed",
+        "fix": [("fsdp.py", "set_seed(args.seed if device.type == \"cuda\" else args.seed + dist.get_rank())")],
+        "guards": ["tests/test_fsdp.py::test_fsdp_with_a_sections_init_weights_builds_nothing_whole_and_each_process_"
+                   "draws_its_own_shards"],
+        "mutation": ("fsdp.py", "set_seed(args.seed if device.type == \"cuda\" else args.seed + dist.get_rank())",
+                     "set_seed(args.seed)"),
+    },
+    {
         "title": "FSDP: every process builds the whole model",
         "mistake": "`build_model` in every process, then `fully_shard` (each keeps its slice of its own copy)",
         "symptom": "before the first shard exists a node holds one whole model per process in host memory: "
@@ -739,21 +765,21 @@ PITFALLS = [
         "correct": "every process builds the model on the meta device and shards that; rank 0 alone builds the "
                    "values (and reads `--init-from`), and `set_model_state_dict(..., broadcast_from_rank0=True)` "
                    "fills every process's shards from them",
-        "fix": [("fsdp.py", "    full_model = build_model(args, num_outputs) if rank == 0 else None")],
+        "fix": [("fsdp.py", "    values = rank0_only(rank, initial_values, args, model, num_outputs, checkpoint is None)")],
         "guards": ["tests/test_fsdp.py::test_fsdp_builds_the_models_values_on_rank_0_alone_and_the_others_only_its_shapes"],
-        "mutation": ("fsdp.py", "    full_model = build_model(args, num_outputs) if rank == 0 else None\n",
-                     "    full_model = build_model(args, num_outputs)\n"),
+        "mutation": ("fsdp.py", "    values = rank0_only(rank, initial_values, args, model, num_outputs, checkpoint is None)\n",
+                     "    values = initial_values(args, model, num_outputs, checkpoint is None)\n"),
     },
     {
         "title": "FSDP on the meta device: buffers that state dicts leave out",
         "mistake": "filling a model built on the meta device from rank 0's state dict alone",
         "symptom": "non-persistent buffers (a transformer's causal mask, rotary tables) are not in a state dict: "
                    "after `to_empty` they hold whatever the memory held, and the model computes garbage",
-        "correct": "after the state dict, rank 0 copies its full model's buffers into the sharded one and one "
+        "correct": "after the state dict, rank 0 copies its values' buffers into the sharded model and one "
                    "broadcast per dtype gives every process all of them",
-        "fix": [("fsdp.py", "        full_buffers = dict(full_model.named_buffers())")],
+        "fix": [("fsdp.py", "                buffer.copy_(values[name])")],
         "guards": ["tests/test_seam.py::test_fsdp_copy_trains_what_one_process_trains_and_validates_exactly"],
-        "mutation": ("fsdp.py", "    if full_model is not None:\n", "    if False:\n"),
+        "mutation": ("fsdp.py", "                buffer.copy_(values[name])\n", "                pass\n"),
     },
     {
         "title": "Activation checkpointing counts each batch twice in BatchNorm's statistics",
