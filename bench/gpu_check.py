@@ -1,6 +1,7 @@
-"""The GPU check: what the CPU suite can only stand in for, in two parts of at most 5 minutes each.
+"""The GPU check: what the CPU suite can only stand in for, in three parts of at most 5 minutes each.
 
-    python bench/gpu_check.py correctness OUT_DIR    # every script's CUDA paths, resume, validation
+    python bench/gpu_check.py correctness OUT_DIR    # every script's CUDA paths, validation
+    python bench/gpu_check.py resume OUT_DIR         # exact resumes, fsdp.py against ddp_full.py
     python bench/gpu_check.py speed OUT_DIR          # samples/s and peak memory, resnet50 at 224 px
     python bench/gpu_check.py correctness --dry-run [--gpus N]   # the plan and its budget, no GPU
 
@@ -9,8 +10,13 @@ are one process per GPU (torchrun --nproc_per_node=<all>). Each result names the
 a machine with one GPU that world is one process, where nothing is sharded and no collective crosses
 processes; there the correctness part adds runs of ddp_full.py in two processes sharing the GPU,
 started by two torchrun agents and joined over gloo with CUDA tensors: DDP's all-reduce,
-SyncBatchNorm and sharded validation, which nccl cannot do on one GPU (FSDP across processes needs
-two GPUs).
+SyncBatchNorm and sharded validation, which nccl cannot do on one GPU; and fsdp.py the same way,
+where gloo can carry FSDP's collectives for CUDA tensors (a row says whether it could).
+
+The resume part compares runs exactly, under deterministic kernels (bench/deterministic.py): a run
+stopped and resumed against one never stopped, with dropout (mobilenet_v3_small: random draws on
+the GPU, whose generator's state the checkpoint carries) and with fsdp.py's sharded checkpoints; and
+fsdp.py against ddp_full.py in float32 on the same seed, equal to rounding (other sums).
 
 Every launch has a budget of seconds and is stopped when it spends it; the budgets of a part add up
 to at most PART_LIMIT_S. Results go to OUT_DIR/<part>.md, a row written as each launch ends (a part
@@ -40,6 +46,8 @@ SMALL = ["--model", "resnet18", "--train-samples", "2048", "--val-samples", "500
          "--batch-size", "128", "--log-interval", "8"]
 # Bitwise settings for the runs that are compared: no TF32, cuDNN's default kernels, no autotuning.
 EXACT = ["--no-tf32", "--no-cudnn-benchmark"]
+# A model with dropout: every training step draws random numbers on the GPU.
+DROPOUT = [*SMALL, "--model", "mobilenet_v3_small"]
 # resnet50 at 224 px, bf16, channels-last (the scripts' default on CUDA): the speed part's work.
 BIG = ["--model", "resnet50", "--image-size", "224", "--amp", "bf16", "--batch-size", "64"]
 BIG_RUN = [*BIG, "--epochs", "2", "--train-samples", "1920", "--val-samples", "64", "--log-interval", "10",
@@ -56,22 +64,28 @@ RESUME_RTOL = 1e-4
 
 class Launch:
     """One check: commands started together (two torchrun agents are two), its budget in seconds,
-    the world it runs in, and what it shows."""
+    the world it runs in, and what it shows. A trial (trial=True) asks whether this torch can do it
+    at all: where it cannot, its row says so and the part does not fail."""
 
-    def __init__(self, name, commands, budget, world, shows, out_dir=None):
+    def __init__(self, name, commands, budget, world, shows, trial=False):
         self.name, self.commands, self.budget, self.world, self.shows = name, commands, budget, world, shows
-        self.out_dir = out_dir
+        self.trial = trial
 
 
 def torchrun(nproc, script, args):
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", script, *args]
 
 
-def two_agents(script, args, port):
+def deterministic(nproc, script, args):
+    """torchrun of a script under bench/deterministic.py: deterministic kernels."""
+    return torchrun(nproc, "bench/deterministic.py", [script, *args])
+
+
+def two_agents(script, args, port, rdzv_id="gpu-check"):
     """Two torchrun agents of one process each, joined by a rendezvous on this machine: two
     processes of LOCAL_RANK 0, so both drive GPU 0."""
     agent = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
-             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=gpu-check", script, *args]
+             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={rdzv_id}", script, *args]
     return [agent, list(agent)]
 
 
@@ -79,9 +93,15 @@ def eval_check(run_dir, amp):
     return [[sys.executable, "bench/gpu_eval_check.py", str(run_dir), "--val-samples", "500", "--amp", amp]]
 
 
+def compare(a, b, rtol):
+    """A launch-less check: the weights of model.pt at a against b, each tensor within rtol of b's
+    norm (0: bitwise)."""
+    return [["compare", str(a), str(b), str(rtol)]]
+
+
 def correctness_plan(gpus, tmp, port):
-    """The correctness part: every script on CUDA, a stopped and resumed run against a straight one,
-    sharded validation against model.pt, fsdp.py's precision policy."""
+    """The correctness part: every script on CUDA, sharded validation against model.pt, fsdp.py's
+    precision policy, and on one GPU processes that share it."""
     w = f"{gpus} process{'es' if gpus > 1 else ''}, 1 per GPU" if gpus > 1 else "1 process (a world of one)"
     plan = [
         Launch("single_gpu", [[sys.executable, "single_gpu.py", *SMALL, "--out-dir", f"{tmp}/1"]], 35, "1 GPU",
@@ -95,15 +115,8 @@ def correctness_plan(gpus, tmp, port):
                                                                            "--accum-steps", "2", "--clip-grad-norm", "1",
                                                                            "--out-dir", f"{tmp}/3"])], 25, w,
                "nccl, set_device, fp16 autocast with a GradScaler, no_sync accumulation, clipping after unscale_"),
-        Launch("full_stopped", [torchrun(gpus, "ddp_full.py", [*SMALL, *EXACT, "--max-steps", "6",
-                                                                "--out-dir", f"{tmp}/4"])], 25, w,
-               "ddp_full.py stops at step 6 of 16 and checkpoints"),
-        Launch("full_resumed", [torchrun(gpus, "ddp_full.py", [*SMALL, *EXACT, "--out-dir", f"{tmp}/4"])], 25, w,
-               "the same command resumes from the checkpoint: random states restored on the GPU"),
-        Launch("full_straight", [torchrun(gpus, "ddp_full.py", [*SMALL, *EXACT, "--out-dir", f"{tmp}/5"])], 25, w,
-               "the run never stopped, for the comparison below"),
-        Launch("resume_matches", [["compare", f"{tmp}/4/model.pt", f"{tmp}/5/model.pt"]], 5, w,
-               f"resumed weights within {RESUME_RTOL:g} of the straight run's, relative to each tensor's norm"),
+        Launch("full", [torchrun(gpus, "ddp_full.py", [*SMALL, "--out-dir", f"{tmp}/5"])], 25, w,
+               "ddp_full.py at its defaults on CUDA: checkpoints, sharded validation"),
         Launch("full_validation_matches", eval_check(f"{tmp}/5", "none"), 15, w,
                "float32 sharded validation, rank 0's BatchNorm statistics: the same counts and loss as "
                "model.pt scored in one process"),
@@ -112,9 +125,9 @@ def correctness_plan(gpus, tmp, port):
                                                                *(["--replicas", "2"] if gpus % 2 == 0 else []),
                                                                "--out-dir", f"{tmp}/6"])],
                35, w, "the model built on the meta device, shards filled from rank 0's copy on the GPU (to_empty, "
-                      "broadcast_from_rank0); fully_shard with bf16 and float32-BatchNorm policies (all BatchNorm "
-                      "layers one unit, each casting its own input and output), a reduce-scatter per micro-batch, "
-                      "the global-norm clip, activation checkpointing"
+                      "broadcast_from_rank0); fully_shard with bf16 policies and BatchNorm's float32 parameters "
+                      "fed bf16 (all its layers one unit), a reduce-scatter per micro-batch, the global-norm "
+                      "clip, activation checkpointing"
                       + (" (a world of one: one shard, collectives with itself)" if gpus == 1 else
                          ", hybrid sharding: 2 replicas (a 2-D mesh over nccl)" if gpus % 2 == 0 else "")),
         Launch("fsdp_validation_matches", eval_check(f"{tmp}/6", "bf16"), 15, w,
@@ -130,8 +143,45 @@ def correctness_plan(gpus, tmp, port):
                    "broadcast, sharded validation (gloo, not nccl: nccl takes one GPU per process)"),
             Launch("two_on_one_gpu_validation_matches", eval_check(f"{tmp}/7", "bf16"), 15, two,
                    "that run's validation over two shards against model.pt in one process"),
+            Launch("two_on_one_gpu_fsdp", two_agents("fsdp.py", [*SMALL, "--backend", "gloo",
+                                                                 "--out-dir", f"{tmp}/8"], free_port(), "gpu-check-fsdp"),
+                   35, two,
+                   "a trial: FSDP's all-gathers and reduce-scatters of CUDA tensors over gloo; where gloo "
+                   "cannot, the row says so", trial=True),
         ]
     return plan
+
+
+def resume_plan(gpus, tmp):
+    """The resume part, under deterministic kernels: ddp_full.py with dropout stopped and resumed
+    against a straight run, bitwise; fsdp.py against ddp_full.py in float32; fsdp.py stopped and
+    resumed from its sharded checkpoint against a straight run, bitwise."""
+    w = f"{gpus} process{'es' if gpus > 1 else ''}, 1 per GPU" if gpus > 1 else "1 process (a world of one)"
+    exact = [*SMALL, *EXACT]
+    return [
+        Launch("dropout_stopped", [deterministic(gpus, "ddp_full.py", [*DROPOUT, *EXACT, "--max-steps", "6",
+                                                                       "--out-dir", f"{tmp}/d1"])], 30, w,
+               "ddp_full.py with dropout stops at step 6 of 16 and checkpoints, the GPU's random state with it"),
+        Launch("dropout_resumed", [deterministic(gpus, "ddp_full.py", [*DROPOUT, *EXACT, "--out-dir", f"{tmp}/d1"])],
+               30, w, "the same command resumes: random states restored on the GPU"),
+        Launch("dropout_straight", [deterministic(gpus, "ddp_full.py", [*DROPOUT, *EXACT, "--out-dir", f"{tmp}/d2"])],
+               30, w, "the run never stopped"),
+        Launch("dropout_resume_is_bitwise", compare(f"{tmp}/d1/model.pt", f"{tmp}/d2/model.pt", 0), 5, w,
+               "resumed and straight weights equal, bit for bit: dropout drew the same numbers after the resume"),
+        Launch("full_fp32", [deterministic(gpus, "ddp_full.py", [*exact, "--out-dir", f"{tmp}/f1"])], 30, w,
+               "ddp_full.py in float32, for the comparison below"),
+        Launch("fsdp_fp32", [deterministic(gpus, "fsdp.py", [*exact, "--out-dir", f"{tmp}/f2"])], 35, w,
+               "fsdp.py on the same seed and settings"),
+        Launch("fsdp_trains_what_ddp_trains", compare(f"{tmp}/f2/model.pt", f"{tmp}/f1/model.pt", RESUME_RTOL), 5, w,
+               f"fsdp.py's weights within {RESUME_RTOL:g} of ddp_full.py's, relative to each tensor's norm "
+               "(reduce-scatters sum in another order than all-reduces)"),
+        Launch("fsdp_stopped", [deterministic(gpus, "fsdp.py", [*exact, "--max-steps", "6", "--out-dir", f"{tmp}/f3"])],
+               35, w, "fsdp.py stops at step 6 and writes its sharded checkpoint (dcp.save)"),
+        Launch("fsdp_resumed", [deterministic(gpus, "fsdp.py", [*exact, "--out-dir", f"{tmp}/f3"])], 35, w,
+               "the same command resumes from it (dcp.load into the shards on the GPU)"),
+        Launch("fsdp_resume_is_bitwise", compare(f"{tmp}/f3/model.pt", f"{tmp}/f2/model.pt", 0), 5, w,
+               "resumed and straight weights equal, bit for bit"),
+    ]
 
 
 def speed_plan(gpus, tmp):
@@ -217,11 +267,12 @@ def run(launch, logs):
     (result, seconds, output)."""
     if launch.commands[0][0] == "compare":
         start = time.perf_counter()
+        a, b, rtol = launch.commands[0][1:]
         try:
-            worst, equal = compare_weights(*launch.commands[0][1:])
+            worst, equal = compare_weights(a, b)
         except Exception as err:  # a run before it failed: no model.pt to compare
             return f"FAILED ({type(err).__name__}: {err})", time.perf_counter() - start, str(err)
-        ok = worst <= RESUME_RTOL and equal
+        ok = worst <= float(rtol) and equal
         text = f"largest relative difference {worst:.2e}; integer entries {'equal' if equal else 'DIFFER'}"
         return ("ok" if ok else "FAILED") + f" ({text})", time.perf_counter() - start, text
     log_path = logs / f"{launch.name}.log"
@@ -241,6 +292,9 @@ def run(launch, logs):
                 stop(process)
     seconds = time.perf_counter() - start
     output = log_path.read_text()
+    if launch.trial and (None in codes or any(codes)):
+        errors = [line for line in output.splitlines() if "Error" in line or "error:" in line]
+        return f"not here: {(errors or ['stopped at its budget'])[-1].strip()[:200]}", seconds, output
     if None in codes:
         return f"OVER BUDGET: stopped at {launch.budget} s (logs/{log_path.name})", seconds, output
     if any(codes):
@@ -266,7 +320,7 @@ def free_port():
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("part", choices=["correctness", "speed"])
+    parser.add_argument("part", choices=["correctness", "resume", "speed"])
     parser.add_argument("out_dir", nargs="?", help="where <part>.md and logs.tar.gz go (required unless --dry-run)")
     parser.add_argument("--dry-run", action="store_true", help="print the launches and their budgets; run nothing")
     parser.add_argument("--gpus", type=int, default=None,
@@ -285,7 +339,8 @@ def main(argv=None):
             parser.error("OUT_DIR is required, except with --dry-run")
         gpus = args.gpus or torch.cuda.device_count()
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"gpu_check_{os.getpid()}"
-    plan = correctness_plan(gpus, tmp, free_port()) if args.part == "correctness" else speed_plan(gpus, tmp)
+    plan = {"correctness": lambda: correctness_plan(gpus, tmp, free_port()), "resume": lambda: resume_plan(gpus, tmp),
+            "speed": lambda: speed_plan(gpus, tmp)}[args.part]()
     total = sum(launch.budget for launch in plan)
     if args.dry_run:
         for launch in plan:
@@ -309,7 +364,7 @@ def main(argv=None):
     try:
         for launch in plan:
             result, seconds, output = run(launch, logs)
-            failed += result != "ok" and not result.startswith("ok (")
+            failed += result != "ok" and not result.startswith(("ok (", "not here: "))
             speeds[launch.name] = speed_of(output)
             with open(results, "a") as f:
                 f.write(f"| {launch.name} | {launch.world} | {result} | {seconds:.0f} ({launch.budget}) | "

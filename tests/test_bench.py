@@ -51,7 +51,7 @@ def load_gpu_check():
 
 
 @pytest.mark.parametrize("gpus", [1, 8])
-@pytest.mark.parametrize("part", ["correctness", "speed"])
+@pytest.mark.parametrize("part", ["correctness", "resume", "speed"])
 def test_each_part_of_the_gpu_check_plans_its_launches_within_five_minutes(part, gpus):
     # The GPU machine lent to this project: about 15 minutes in all, start-up included, and 10 a
     # command. Each part's launches have budgets (each stopped when it spends its own) that must add
@@ -71,7 +71,7 @@ def test_gpu_check_runs_every_script_with_flags_it_accepts():
     # The check itself needs CUDA, which CI does not have; its dry run prints the commands it would
     # run, so a renamed or removed flag fails here instead of on the next machine with a GPU.
     checked = set()
-    for part in ("correctness", "speed"):
+    for part in ("correctness", "resume", "speed"):
         for gpus in ("1", "2"):
             for line in gpu_check(part, "--dry-run", "--gpus", gpus).stdout.splitlines():
                 words = [] if line.startswith("#") else shlex.split(line)
@@ -90,7 +90,8 @@ def test_gpu_check_runs_every_script_with_flags_it_accepts():
 def test_gpu_check_names_a_world_of_one_and_adds_two_processes_sharing_the_gpu():
     one = gpu_check("correctness", "--dry-run", "--gpus", "1").stdout
     assert "a world of one" in one and "2 processes on 1 GPU (gloo)" in one
-    assert one.count("--nnodes=2 --nproc_per_node=1") == 2  # two agents of one process each
+    assert one.count("--nnodes=2 --nproc_per_node=1") == 4  # two agents of one process each, twice
+    assert "# two_on_one_gpu_fsdp:" in one and "a trial" in one
     two = gpu_check("correctness", "--dry-run", "--gpus", "2").stdout
     assert "a world of one" not in two and "two_on_one_gpu" not in two and "--nproc_per_node=2" in two
 
@@ -101,6 +102,36 @@ def test_gpu_check_without_cuda_is_one_clear_error_and_writes_nothing(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip() == "gpu_check: no CUDA device visible"
     assert not (tmp_path / "out").exists()
+
+
+def test_the_resume_part_compares_bitwise_under_deterministic_kernels_and_fsdp_with_ddp_to_rounding():
+    plan = load_gpu_check().resume_plan(1, Path("/tmp/x"))
+    compares = {launch.name: launch.commands[0] for launch in plan if launch.commands[0][0] == "compare"}
+    assert {name: command[3] for name, command in compares.items()} == {
+        "dropout_resume_is_bitwise": "0", "fsdp_resume_is_bitwise": "0", "fsdp_trains_what_ddp_trains": "0.0001"}
+    runs = [launch.commands[0] for launch in plan if launch.commands[0][0] != "compare"]
+    assert all("bench/deterministic.py" in command and "--no-cudnn-benchmark" in command for command in runs)
+    assert any("mobilenet_v3_small" in command for command in runs)  # dropout: random draws on the GPU
+
+
+def test_the_deterministic_wrapper_runs_a_script_unchanged_with_deterministic_kernels(tmp_path):
+    script = tmp_path / "show.py"
+    script.write_text("import os, sys, torch\n"
+                      "print(torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,\n"
+                      "      os.environ['CUBLAS_WORKSPACE_CONFIG'], sys.argv[1:], __name__)\n")
+    result = subprocess.run([sys.executable, "bench/deterministic.py", str(script), "--flag", "x"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[0] == "True True :4096:8 ['--flag', 'x'] __main__"
+
+
+def test_a_gpu_check_trial_that_cannot_run_here_is_a_row_that_says_so_not_a_failure(tmp_path):
+    gpu = load_gpu_check()
+    failing = [sys.executable, "-c", "raise RuntimeError('gloo does not support reduce_scatter on CUDA')"]
+    result, _, _ = gpu.run(gpu.Launch("trial", [failing], 20, "-", "-", trial=True), tmp_path)
+    assert result == "not here: RuntimeError: gloo does not support reduce_scatter on CUDA", result
+    result, _, _ = gpu.run(gpu.Launch("check", [failing], 20, "-", "-"), tmp_path)
+    assert result.startswith("FAILED: exit 1"), result
 
 
 def test_a_gpu_check_launch_past_its_budget_is_stopped_with_all_its_processes(tmp_path):
