@@ -849,22 +849,23 @@ def shard_model(args, model, values, device, world_size, afresh):
     # Memory for the shards on this process's device, then their values: rank 0 broadcasts each
     # tensor of its full model in turn and every process keeps its own slice.
     model.to_empty(device=device)
-    if own_initialisation(args, afresh):
+    if init_weights is not None:
         # Every process fills its own shards. On GPUs DTensor draws a shard as its slice of one
         # random tensor, from one seed; a CPU mesh has no such generator (torch warns), and each
         # process draws from a seed of its own, or every shard would hold the same numbers.
         set_seed(args.seed if device.type == "cuda" else args.seed + dist.get_rank())
         with torch.no_grad():
             init_weights(model)
-    else:
+    if not own_initialisation(args, afresh):
         state = {name: values[name] for name in model.state_dict()} if values is not None else {}
         set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True,
                                                                     broadcast_from_rank0=True))
         # Buffers are not sharded; a state dict leaves out those not saved (non-persistent: a
-        # transformer's causal mask, say), which the broadcast must give too.
+        # transformer's causal mask, say), which the broadcast must give too (or init_weights).
         if values is not None:
             for name, buffer in model.named_buffers():
-                buffer.copy_(values[name])
+                if name in values:
+                    buffer.copy_(values[name])
     broadcast_buffers(model)
     return len(units) + 1
 
@@ -1652,15 +1653,15 @@ def initial_values(args, model, num_outputs, afresh):
     """Rank 0's values for the shards, {name: tensor} of the state dict and of the buffers it
     leaves out; None where each process initialises its own (own_initialisation). build_model's,
     the job's one copy in host memory. Starting afresh from an --init-from file, the file itself,
-    memory-mapped: its pages on the disk, no copy in memory and no random values first (a model
-    whose state dict leaves buffers out is built for them, and pretrained weights for their
-    classifier of another size)."""
+    memory-mapped: its pages on the disk, no copy in memory and no random values first (buffers
+    the state dict leaves out come from init_weights; without it the model is built for them, as
+    for pretrained weights' classifier of another size)."""
     if own_initialisation(args, afresh):
         return None
     # [optional: init-from]
     unsaved = {name for name, _ in model.named_buffers()} - model.state_dict().keys()
     # [optional: init-from]
-    if args.init_from not in (None, "pretrained") and afresh and not unsaved:
+    if args.init_from not in (None, "pretrained") and afresh and (not unsaved or init_weights):
         return init_weights_from(args, model)  # the meta model: checks every key and shape
     full_model = build_model(args, num_outputs)
     # [optional: init-from]

@@ -247,3 +247,14 @@ def test_fsdp_big_models_benchmark_counts_batchnorm_under_amp_as_one_unit_and_tr
     assert int(rows["before", "bf16"][0]) == blocks + 1 + 20, rows
     # The same arithmetic, grouped otherwise: bit for bit the weights of before.
     assert all(cells[-1] == "yes" for cells in rows.values()), rows
+
+
+@pytest.mark.slow
+def test_loader_benchmark_writes_both_ways_of_reading_in_memory_data(tmp_path):
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "loader.py"), "--quick", "--out", str(tmp_path)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in (tmp_path / "loader.md").read_text().splitlines()
+            if line.startswith(("| 32x32 |", "| 224x224 |"))]
+    assert [row[0] for row in rows] == ["32x32", "224x224"], rows
+    assert all(float(cell) > 0 for row in rows for cell in row[2:]), rows  # measured, whatever they are

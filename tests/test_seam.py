@@ -286,3 +286,36 @@ def evaluate_batch(model, batch):
     loss = F.cross_entropy(model(tokens).float().flatten(0, 1), targets.flatten(), reduction="sum")
     return torch.stack([loss.double() / LENGTH]), len(targets)
 '''
+
+
+# The section's init_weights: every layer's own initialisation and the buffer state dicts leave out,
+# set by each process on its own shards.
+OWN_INIT = '''
+def init_weights(model):
+    for module in model.modules():
+        if hasattr(module, "reset_parameters"):
+            module.reset_parameters()
+    model.position_weights.copy_(torch.linspace(0.5, 1.5, LENGTH)[:, None])
+'''
+
+
+def test_fsdp_copy_with_init_weights_starts_from_an_init_from_file_building_nothing_whole(copies, runs, tmp_path):
+    # Starting from a file, the model's values come from it (rank 0 reads it into the shards) and
+    # the buffer the file lacks from init_weights: no process builds the model, and the first
+    # validation scores the file's weights as the run that wrote them did.
+    source = run(copies, runs, "seam_basic_w1", "ddp_basic.py", ["--batch-size", "32"], None)
+    copy = tmp_path / "fsdp.py"
+    copy.write_text((copies / "fsdp.py").read_text().replace(
+        "\ninit_weights = None  # fsdp.py: rank 0 builds the model's values (build_model); no other script reads it\n",
+        OWN_INIT, 1))
+    assert "def init_weights(model):" in copy.read_text()
+    probe_dir, out_dir = tmp_path / "probe", tmp_path / "run"
+    probe_dir.mkdir()
+    check(launch("tests/fsdp_probe.py", [*ARGS, "--batch-size", "16", "--max-steps", "1", "--init-from",
+                                         str(source / "model.pt"), "--out-dir", str(out_dir)], nproc=2,
+                 env={"PROBE_DIR": str(probe_dir), "PROBE_SCRIPT": str(copy)}))
+    built = {r: (probe_dir / f"built_w2_r{r}.txt").read_text().split() for r in (0, 1)}
+    assert [line for line in built[0] if line != "meta"] == ["init_weights_from"] and set(built[1]) == {"meta"}, built
+    start, last = metrics(out_dir)[0], metrics(source)[-1]
+    assert start["epoch"] == 0 and start["val_samples"] == last["val_samples"] == 101
+    assert start["val_loss"] == pytest.approx(last["val_loss"], rel=VAL_LOSS_RTOL)

@@ -367,9 +367,10 @@ MANIFEST = {
              "root gives its output back in float32 for the loss. Unlike autocast, which picks the "
              "dtype per operation and keeps softmax, norms and losses in float32, the policy casts a "
              "unit's parameters and inputs: every operation on them in the unit runs in bf16, "
-             "softmax and norms included, and its gradients are computed in bf16 too. BatchNorm, whose running statistics "
-             "FSDP does not cast, is a float32 unit of its own: all its layers one unit, each "
-             "casting its own input and output. fp16 keeps the GradScaler: it works "
+             "softmax and norms included, and its gradients are computed in bf16 too. BatchNorm, whose "
+             "running statistics FSDP does not cast, is a unit of its own (all its layers one unit) "
+             "whose parameters stay float32 (param_dtype=None): it takes the bf16 input as it comes, "
+             "no cast, and returns bf16, as under autocast. fp16 keeps the GradScaler: it works "
              "on sharded gradients, and an overflow on one process skips the step on all."),
             ("accum", "Accumulation: a reduce-scatter per micro-batch",
              "Each micro-batch's backward reduce-scatters its gradients (averaged over processes) into "
@@ -419,7 +420,9 @@ MANIFEST = {
              "resume is bitwise."),
             ("modelpt", "model.pt: the whole model on rank 0",
              "get_model_state_dict gathers every slice to rank 0's CPU (the whole model may not fit "
-             "its GPU): plain keys, loading into the model without FSDP."),
+             "its GPU): plain keys, loading into the model without FSDP. That is the whole model in "
+             "rank 0's host memory at the end (28 GB for 7 B parameters in float32): a model too big "
+             "for it keeps the sharded checkpoint, which any number of processes loads."),
             FLAGS,
         ],
         "ahead": {"precision_policies": "precision", "broadcast_buffers": "hostcopy", "values": "hostcopy",
@@ -489,7 +492,7 @@ MANIFEST = {
                        "broadcast_buffers", "recompute_in_backward", "buffers_kept", "device_mesh",
                        "find_blocks", "check_units", "shard_units", "compile_model", "initial_values",
                        "own_initialisation"},
-        "diff_size": (638, 130),
+        "diff_size": (639, 130),
     },
 }
 

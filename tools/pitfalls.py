@@ -739,9 +739,9 @@ PITFALLS = [
                    "the random initialisation of a model about to be overwritten",
         "correct": "starting afresh from a file, rank 0 reads it memory-mapped straight into the shards' broadcast, "
                    "checking every key and shape against the meta-device model; nothing is built",
-        "fix": [("fsdp.py", "if args.init_from not in (None, \"pretrained\") and afresh and not unsaved:")],
+        "fix": [("fsdp.py", "if args.init_from not in (None, \"pretrained\") and afresh and (not unsaved or init_weights):")],
         "guards": ["tests/test_fsdp.py::test_fsdp_starts_from_an_init_from_file_that_rank_0_reads_without_building_the_model"],
-        "mutation": ("fsdp.py", "if args.init_from not in (None, \"pretrained\") and afresh and not unsaved:",
+        "mutation": ("fsdp.py", "if args.init_from not in (None, \"pretrained\") and afresh and (not unsaved or init_weights):",
                      "if False:"),
     },
     {
@@ -777,9 +777,9 @@ PITFALLS = [
                    "after `to_empty` they hold whatever the memory held, and the model computes garbage",
         "correct": "after the state dict, rank 0 copies its values' buffers into the sharded model and one "
                    "broadcast per dtype gives every process all of them",
-        "fix": [("fsdp.py", "                buffer.copy_(values[name])")],
+        "fix": [("fsdp.py", "                    buffer.copy_(values[name])")],
         "guards": ["tests/test_seam.py::test_fsdp_copy_trains_what_one_process_trains_and_validates_exactly"],
-        "mutation": ("fsdp.py", "                buffer.copy_(values[name])\n", "                pass\n"),
+        "mutation": ("fsdp.py", "                    buffer.copy_(values[name])\n", "                    pass\n"),
     },
     {
         "title": "Activation checkpointing counts each batch twice in BatchNorm's statistics",
