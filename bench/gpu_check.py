@@ -113,8 +113,10 @@ def correctness_plan(gpus, tmp, port):
                20, w, "DDP over nccl, set_device, DistributedSampler, rank 0 validating through model.module"),
         Launch("amp_fp16_accum_nccl", [torchrun(gpus, "ddp_amp_accum.py", [*SMALL, "--backend", "nccl", "--amp", "fp16",
                                                                            "--accum-steps", "2", "--clip-grad-norm", "1",
+                                                                           "--optimizer", "adamw",
                                                                            "--out-dir", f"{tmp}/3"])], 25, w,
-               "nccl, set_device, fp16 autocast with a GradScaler, no_sync accumulation, clipping after unscale_"),
+               "nccl, set_device, fp16 autocast with a GradScaler, no_sync accumulation, clipping after unscale_, "
+               "fused AdamW stepped by the GradScaler"),
         Launch("full", [torchrun(gpus, "ddp_full.py", [*SMALL, "--out-dir", f"{tmp}/5"])], 25, w,
                "ddp_full.py at its defaults on CUDA: checkpoints, sharded validation"),
         Launch("full_validation_matches", eval_check(f"{tmp}/5", "none"), 15, w,
@@ -122,12 +124,13 @@ def correctness_plan(gpus, tmp, port):
                "model.pt scored in one process"),
         Launch("fsdp_bf16_accum", [torchrun(gpus, "fsdp.py", [*SMALL, "--amp", "bf16", "--accum-steps", "2",
                                                                "--clip-grad-norm", "1", "--activation-checkpointing",
+                                                               "--optimizer", "adamw",
                                                                *(["--replicas", "2"] if gpus % 2 == 0 else []),
                                                                "--out-dir", f"{tmp}/6"])],
                35, w, "the model built on the meta device, shards filled from rank 0's copy on the GPU (to_empty, "
                       "broadcast_from_rank0); fully_shard with bf16 policies and BatchNorm's float32 parameters "
                       "fed bf16 (all its layers one unit), a reduce-scatter per micro-batch, the global-norm "
-                      "clip, activation checkpointing"
+                      "clip, activation checkpointing, fused AdamW on sharded parameters (DTensors)"
                       + (" (a world of one: one shard, collectives with itself)" if gpus == 1 else
                          ", hybrid sharding: 2 replicas (a 2-D mesh over nccl)" if gpus % 2 == 0 else "")),
         Launch("fsdp_validation_matches", eval_check(f"{tmp}/6", "bf16"), 15, w,
