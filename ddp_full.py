@@ -67,6 +67,7 @@ import signal  # [optional: preemption, mid-epoch]
 import sys
 import tempfile
 import time
+import zipfile  # [optional: init-from]
 from pathlib import Path
 
 import torch
@@ -1204,8 +1205,10 @@ def read_state_dict(path):
     """The weights in a file: a model.pt, a plain state dict, or a checkpoint holding "model"."""
     try:
         # weights_only: tensors and plain containers only, so loading a file runs no code from it.
-        # mmap: the tensors stay the file's pages, read as they are used, never a copy in memory.
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        # mmap: the tensors stay the file's pages, read as they are used, never a copy in memory
+        # (torch.save's zip format; an older file is read whole).
+        state = torch.load(path, map_location="cpu", weights_only=True,
+                           mmap=zipfile.is_zipfile(path))
     except Exception as err:  # weights_only runs nothing from the file: what fails is the file
         reason = (str(err).strip().splitlines() or [""])[0]
         raise ConfigError(f"--init-from {path} cannot be read: {type(err).__name__} {reason}") \

@@ -202,3 +202,13 @@ def test_progress_lines_show_the_gradient_norm_when_clipping(tmp_path):
     norms = re.findall(r"\| lr \S+ \| grad norm (\S+) \|", result.stdout)
     assert len(norms) == len(PROGRESS.findall(result.stdout)) == 6
     assert all(float(norm) > 0 for norm in norms)
+
+
+@pytest.mark.parametrize("script", ["ddp_full.py", "fsdp.py"])
+def test_init_from_reads_a_file_of_torch_saves_older_format_too(tmp_path, script):
+    # Memory-mapped reading takes torch.save's zip format only: a file of the older format is read whole.
+    module = load_script(script)
+    state = module.SmallCNN(10).state_dict()
+    torch.save(state, tmp_path / "old.pt", _use_new_zipfile_serialization=False)
+    read = module.read_state_dict(tmp_path / "old.pt")
+    assert read.keys() == state.keys() and all(torch.equal(read[k], state[k]) for k in state)

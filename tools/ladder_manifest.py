@@ -231,7 +231,7 @@ MANIFEST = {
             "docstring": "top",
             "imports": [("dataclasses", "state"), ("itertools", "midepoch"),
                         ("import re", "checkpoint"), ("shutil", "failures"), ("signal", "preempt"),
-                        ("Dataset", "samples")],
+                        ("Dataset", "samples"), ("zipfile", "initfrom")],
             "RESUME_MAY_CHANGE": "resume",
             "CHECKPOINT_NAME": "checkpoint",
             "EXIT_WRITE_FAILED": "failures",
@@ -319,7 +319,7 @@ MANIFEST = {
                        "ReadableSamples", "readable_sets", "report_unreadable", "write_error", "check_task",
                        "check_model_fits",
                        "init_weights_from"},
-        "diff_size": (943, 76),
+        "diff_size": (946, 76),
     },
     "fsdp.py": {
         "concepts": [
