@@ -20,6 +20,8 @@ from test_equivalence import assert_same_training
 from test_resume import assert_bitwise_equal, run_full
 from test_validation import load_script
 
+pytestmark = pytest.mark.slow  # second tier, as a whole
+
 
 def image_args(image_tree, workers):
     return [*IMAGEFOLDER, "--data-dir", str(image_tree), "--workers", str(workers)]

@@ -126,6 +126,7 @@ def test_nccl_without_cuda_is_one_clear_error(tmp_path):
     assert_one_clear_error(result, "ddp_basic.py", "--backend nccl needs CUDA GPUs")
 
 
+@pytest.mark.slow
 def test_more_processes_than_training_samples_is_one_clear_error(finished_run):
     before = snapshot(finished_run)
     result = launch("ddp_full.py", [*TINY, "--train-samples", "1", "--resume", "none", "--out-dir", str(finished_run)],

@@ -218,6 +218,7 @@ def test_slurm_script_parses_and_its_dry_run_prints_the_reliable_launch_line():
 IN_VALIDATION = ["--batch-size", "8", "--val-samples", "97"]
 
 
+@pytest.mark.slow
 def test_sigterm_during_validation_stops_within_two_batches_and_resume_is_bitwise(runs, tmp_path):
     # SIGTERM reaches rank 0 as it loads its 6th validation batch of epoch 1 (of 7; rank 1 has 6).
     # Every process reads the flag of a batch after the next one, so all stop together after the
@@ -261,6 +262,7 @@ def test_sigterm_stops_after_the_optimizer_step_and_a_batchnorm_model_resumes_bi
     assert_bitwise_equal(reference, tmp_path)
 
 
+@pytest.mark.slow
 def test_nodes_that_see_different_checkpoints_stop_with_one_line_and_write_nothing(runs, tmp_path):
     # Node 0's disk holds a checkpoint of a 4-process run; node 1's (no shared file system) holds
     # none. Without agreement node 1's processes start afresh while node 0's resume, and the run

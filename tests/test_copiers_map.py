@@ -72,7 +72,8 @@ REFERENCES = {"ddp_full.py": "full_w2", "fsdp.py": "fsdp_w2_b8"}  # runs other t
 ARGS = ["--batch-size", "8"]  # 2 processes x 8: 12 optimizer steps in each epoch of 192 samples
 
 
-@pytest.mark.parametrize("script", ["ddp_full.py", pytest.param("fsdp.py", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("script", ["ddp_full.py", "fsdp.py"])
 def test_the_stripped_copy_trains_resumes_and_validates_as_the_full_script(script, runs, tmp_path):
     reference = runs.get(REFERENCES[script], script, ARGS, nproc=2)
     copy = tmp_path / script

@@ -20,6 +20,7 @@ def test_imagefolder_tree_trains_with_one_class_per_folder_and_counts_every_val_
     assert weights(out_dir)["classifier.weight"].shape == (len(CLASSES), 64)
 
 
+@pytest.mark.slow
 def test_quickstart_training_ends_with_the_lines_the_readme_shows(tmp_path):
     readme = (ROOT / "README.md").read_text()
     quickstart = readme[readme.index("## Quickstart"):]

@@ -54,6 +54,7 @@ def test_ddp_on_2_processes_matches_one_process_on_the_global_batch(runs):
     assert_same_training(single, ddp, atol=TIE_WEIGHT_ATOL)
 
 
+@pytest.mark.slow
 def test_ddp_weights_do_not_depend_on_world_size(runs):
     # Same global batch of 16 as 1 x 16, 2 x 8 and 4 x 4.
     w1 = runs.get("basic_w1", "ddp_basic.py", ["--batch-size", "16"], nproc=1)

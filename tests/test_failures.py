@@ -75,6 +75,7 @@ def hidden_files(directory):
 
 # --- a full disk ---------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_full_disk_at_a_checkpoint_is_one_line_exit_74_and_the_run_resumes_from_the_last_one(
         runs, can_mount, tmp_path):
     straight = runs.get("full_w2", "ddp_full.py", ["--batch-size", "8"], nproc=2)  # checkpoints at 12, 24
@@ -153,7 +154,8 @@ def test_more_processes_than_gpus_is_a_line_from_each_process_that_has_no_gpu(sc
     assert stopped_together(result, 2), result.stderr
 
 
-@pytest.mark.parametrize("script", ["ddp_basic.py", pytest.param("fsdp.py", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("script", ["ddp_basic.py", "fsdp.py"])
 def test_data_that_one_process_cannot_see_is_a_line_from_that_process(script, image_tree, tmp_path):
     # Rank 0 reads the data first (rank0_first), then the others: rank 1 finds no train/ directory.
     result = launch("tests/missing_on_one_rank.py", [str(ROOT / script), *IMAGEFOLDER, "--data-dir", str(image_tree),

@@ -1,9 +1,12 @@
 """Launch paths and model kinds that the tiny CNN runs elsewhere do not cover."""
+import pytest
 import torch
 import torch.nn.functional as F
 
 from conftest import check, launch, metrics, weights
 from test_validation import load_script
+
+pytestmark = pytest.mark.slow  # second tier, as a whole
 
 
 def test_resnet18_with_batchnorm_validates_on_rank_0_without_hanging(tmp_path):

@@ -28,7 +28,7 @@ import torch
 from conftest import TINY, TRAIN_SAMPLES, launch, metrics, run_ok, weights
 from test_equivalence import ACCUM, assert_same_training
 from test_resume import assert_bitwise_equal, run_full
-from test_validation import load_script
+from test_validation import assert_counts_correct, load_script, reference_logits
 
 LR_RTOL = 1e-5
 ADAMW_WEIGHT_ATOL = 5e-4
@@ -74,12 +74,14 @@ def test_learning_rate_is_warmup_then_cosine_at_every_step(tmp_path):
         [closed_form(12, 12, 2, 0.03, 0.5), closed_form(24, 12, 2, 0.03, 0.5)], rel=1e-12)
 
 
+@pytest.mark.slow
 def test_learning_rate_moves_once_per_optimizer_step_with_accumulation(tmp_path):
     # 2 processes x 8 x 5 micro-batches: 3 optimizer steps an epoch from 12 micro-batches each.
     result = run_ok("ddp_amp_accum.py", tmp_path, [*ACCUM, "--log-interval", "1"], nproc=2)
     assert_schedule(result.stdout, 3, 2, 0.03, 1.0)
 
 
+@pytest.mark.slow
 def test_constant_schedule_keeps_the_learning_rate(tmp_path):
     result = run_ok("single_gpu.py", tmp_path, ["--batch-size", "16", "--lr-schedule", "constant",
                                                 "--log-interval", "1"])
@@ -91,12 +93,14 @@ def test_constant_schedule_keeps_the_learning_rate(tmp_path):
 ADAMW = ["--optimizer", "adamw"]
 
 
+@pytest.mark.slow
 def test_adamw_ddp_on_2_processes_matches_one_process_on_the_global_batch(runs):
     single = runs.get("single16_adamw", "single_gpu.py", [*ADAMW, "--batch-size", "16"])
     ddp = runs.get("basic_w2_adamw", "ddp_basic.py", [*ADAMW, "--batch-size", "8"], nproc=2)
     assert_same_training(single, ddp, atol=ADAMW_WEIGHT_ATOL, loss_atol=ADAMW_LOSS_ATOL)
 
 
+@pytest.mark.slow
 def test_adamw_accumulation_matches_one_process_on_the_global_batch(runs):
     single = runs.get("single80_adamw", "single_gpu.py", [*ADAMW, "--batch-size", "80"])
     accum = runs.get("accum5_w2_adamw", "ddp_amp_accum.py", [*ADAMW, *ACCUM], nproc=2)
@@ -119,6 +123,7 @@ def test_weight_decay_spares_biases_and_norm_weights():
 RESUME = ["--batch-size", "8", *ADAMW]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stop_at", [5, 17], ids=["in-warm-up", "in-decay"])
 def test_resume_is_bitwise_equal_to_an_uninterrupted_run(runs, tmp_path, stop_at):
     reference = runs.get("full_w2_adamw", "ddp_full.py", RESUME, nproc=2)
@@ -131,6 +136,7 @@ def test_resume_is_bitwise_equal_to_an_uninterrupted_run(runs, tmp_path, stop_at
     assert_bitwise_equal(reference, tmp_path)
 
 
+@pytest.mark.slow
 def test_a_resumed_cosine_run_refuses_another_number_of_epochs(runs, tmp_path):
     shutil.copytree(runs.get("full_w2_adamw", "ddp_full.py", RESUME, nproc=2), tmp_path / "run")
     result = launch("ddp_full.py", [*TINY, *RESUME, "--epochs", "3", "--out-dir", str(tmp_path / "run")], nproc=2)
@@ -140,6 +146,7 @@ def test_a_resumed_cosine_run_refuses_another_number_of_epochs(runs, tmp_path):
 
 # --- starting from weights ----------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_ddp_full_starts_from_single_gpu_weights_and_first_scores_them_as_single_gpu_did(runs, tmp_path):
     single = runs.get("single16", "single_gpu.py", ["--batch-size", "16"])
     result = run_ok("ddp_full.py", tmp_path, ["--batch-size", "8", "--init-from", str(single / "model.pt")],
@@ -147,12 +154,15 @@ def test_ddp_full_starts_from_single_gpu_weights_and_first_scores_them_as_single
     assert f"weights from {single / 'model.pt'}" in result.stdout
     start, last_single = metrics(tmp_path)[0], metrics(single)[-1]
     assert start["epoch"] == 0 and start["val_samples"] == last_single["val_samples"]
-    # The same weights on the same samples: the counts equal, the loss up to summation order.
-    assert start["val_acc"] == last_single["val_acc"]
+    # The same weights on the same samples: the counts equal (but for a tie to rounding, test_validation.py),
+    # the loss up to summation order.
+    assert_counts_correct(start["val_acc"], *reference_logits("ddp_full.py", single / "model.pt"))
+    assert_counts_correct(last_single["val_acc"], *reference_logits("ddp_full.py", single / "model.pt"))
     assert start["val_loss"] == pytest.approx(last_single["val_loss"], rel=1e-6)
     assert len(metrics(tmp_path)) == 3
 
 
+@pytest.mark.slow
 def test_a_resume_wins_over_init_from(runs, tmp_path):
     single = runs.get("single16", "single_gpu.py", ["--batch-size", "16"])
     args = ["--batch-size", "8", "--init-from", str(single / "model.pt")]
@@ -196,6 +206,7 @@ def test_pretrained_weights_come_from_torch_cache_with_a_fresh_classifier(tmp_pa
         assert torch.equal(value, expected), key
 
 
+@pytest.mark.slow
 def test_progress_lines_show_the_gradient_norm_when_clipping(tmp_path):
     result = run_ok("ddp_amp_accum.py", tmp_path, [*ACCUM, "--clip-grad-norm", "1", "--log-interval", "1"],
                     nproc=2)

@@ -69,6 +69,7 @@ def test_resume_of_a_batchnorm_model_is_bitwise_equal_to_an_uninterrupted_run(ru
     assert_bitwise_equal(reference, tmp_path)
 
 
+@pytest.mark.slow
 def test_resume_restores_the_grad_scaler_state(runs, tmp_path):
     # The loss scale only moves after an overflow or 2000 clean steps, neither of which these short
     # runs reach, so a bitwise comparison alone cannot tell a restored scaler from a fresh one. Give
@@ -89,6 +90,7 @@ DROPOUT = ["--model", "mobilenet_v3_small", "--workers", "0", "--train-samples",
            "--batch-size", "8", "--log-interval", "1000"]
 
 
+@pytest.mark.slow
 def test_mid_epoch_resume_with_dropout_restores_the_random_state(runs, tmp_path):
     # Only each process's restored random state makes the resumed steps drop what the
     # uninterrupted run dropped.
@@ -99,6 +101,7 @@ def test_mid_epoch_resume_with_dropout_restores_the_random_state(runs, tmp_path)
     assert_bitwise_equal(reference, tmp_path)
 
 
+@pytest.mark.slow
 def test_mid_epoch_resume_with_random_augmentation_is_bitwise(runs, image_tree, tmp_path):
     # Random crops and flips are seeded per sample (SeededSamples): a resumed run crops and flips
     # as the uninterrupted run did, whatever the state of the processes' own generators.
@@ -131,6 +134,7 @@ def test_a_finished_run_started_again_says_so_and_trains_nothing(runs, tmp_path)
     assert "train_loss" not in result.stdout and "step_000000024.pt: epoch 3, step 0" in result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", ["ddp_full.py", "fsdp.py"])
 def test_a_run_stopped_by_max_steps_started_again_takes_no_step_more(tmp_path, script):
     # A requeued job runs its command again: --max-steps already reached trains nothing and

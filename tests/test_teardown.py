@@ -16,6 +16,8 @@ import pytest
 
 from conftest import ROOT, TINY, check, launch
 
+pytestmark = pytest.mark.slow  # second tier, as a whole
+
 GLOO_THREADS = ("pt_gloo_runloop", "gloo_tcp_loop")
 
 

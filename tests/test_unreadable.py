@@ -68,6 +68,7 @@ def warnings_naming(result, parts):
     return [line for line in result.stderr.splitlines() if "warning:" in line and path in line]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [0, 2])
 def test_an_unreadable_image_is_named_skipped_and_counted_and_ddp_still_equals_one_process(
         broken_tree, tmp_path, workers):

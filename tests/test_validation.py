@@ -7,7 +7,12 @@ per-process means would weight samples unequally.
 
 Tolerance. The scripts evaluate in batches of 8 per process, the reference in one batch of 103;
 per-sample losses then differ only in float32 rounding (measured: relative difference < 1e-7).
-VAL_LOSS_RTOL = 1e-5. Counts (samples, correct predictions) are integers and must be equal.
+VAL_LOSS_RTOL = 1e-5. Counts of samples are integers and must be equal; so must counts of correct
+predictions, but for a sample whose two highest logits lie within TIE_ATOL of each other: other
+batch sizes round its logits otherwise (by about 1e-6 here, logits below 10 in size), and a tie
+can go either way on another CPU. Such samples are counted (`ties`), and the count may differ by
+at most that many; none of the evaluations here has had one. Every pitfall of validation moves
+the loss by far more than 1e-5 or a count by a sample with no tie.
 """
 import importlib.util
 
@@ -18,6 +23,17 @@ import torch.nn.functional as F
 from conftest import ROOT, TINY, VAL_SAMPLES, metrics, weights
 
 VAL_LOSS_RTOL = 1e-5
+TIE_ATOL = 1e-4
+
+
+def assert_counts_correct(val_acc, logits, labels):
+    """val_acc (a script's, over len(labels) samples) counts the predictions the logits get right,
+    give or take the samples whose two highest logits are a tie to rounding."""
+    top_two = logits.topk(2, dim=1).values
+    ties = (top_two[:, 0] - top_two[:, 1] <= TIE_ATOL).sum().item()
+    correct = (logits.argmax(dim=1) == labels).sum().item()
+    reported = round(val_acc * len(labels))
+    assert abs(reported - correct) <= ties, f"{reported} correct where the logits give {correct} ({ties} ties)"
 
 
 def load_script(name):
@@ -27,25 +43,26 @@ def load_script(name):
     return module
 
 
-def reference_metrics(script, out_dir):
+def reference_logits(script, model_file, samples=VAL_SAMPLES):
+    """The CNN of model_file on the script's first `samples` validation samples, in one batch of
+    one process: (logits, labels)."""
     module = load_script(script)
-    images, labels = module.make_synthetic(VAL_SAMPLES, 0, "val").tensors
+    images, labels = module.make_synthetic(samples, 0, "val").tensors
     model = module.SmallCNN(module.NUM_SYNTHETIC_CLASSES)
-    model.load_state_dict(weights(out_dir))
+    model.load_state_dict(torch.load(model_file, map_location="cpu", weights_only=True))
     model.eval()
     with torch.no_grad():
-        logits = model(images)
-    loss = F.cross_entropy(logits.double(), labels, reduction="sum").item()
-    correct = (logits.argmax(dim=1) == labels).sum().item()
-    return {"val_loss": loss / VAL_SAMPLES, "val_acc": correct / VAL_SAMPLES, "val_samples": VAL_SAMPLES}
+        return model(images), labels
 
 
 def assert_matches_reference(script, out_dir):
-    last = metrics(out_dir)[-1]
-    expected = reference_metrics(script, out_dir)
-    assert last["val_samples"] == expected["val_samples"]
-    assert round(last["val_acc"] * VAL_SAMPLES) == round(expected["val_acc"] * VAL_SAMPLES), (last, expected)
-    assert last["val_loss"] == pytest.approx(expected["val_loss"], rel=VAL_LOSS_RTOL), (last, expected)
+    """The last record of metrics.jsonl scores model.pt as one process does."""
+    record = metrics(out_dir)[-1]
+    logits, labels = reference_logits(script, out_dir / "model.pt")
+    assert record["val_samples"] == VAL_SAMPLES
+    assert_counts_correct(record["val_acc"], logits, labels)
+    loss = F.cross_entropy(logits.double(), labels, reduction="sum").item() / VAL_SAMPLES
+    assert record["val_loss"] == pytest.approx(loss, rel=VAL_LOSS_RTOL), (record, loss)
 
 
 def test_ddp_full_sharded_validation_equals_one_process_evaluation(runs):
@@ -66,6 +83,7 @@ BATCHNORM = ["--model", "resnet18", "--workers", "0", "--train-samples", "48", "
              "--epochs", "1", "--batch-size", "8", "--log-interval", "1000"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nproc", [2, 3])
 def test_sharded_validation_with_batchnorm_scores_the_saved_model(runs, nproc):
     import torchvision
@@ -79,6 +97,6 @@ def test_sharded_validation_with_batchnorm_scores_the_saved_model(runs, nproc):
         logits = model(images).double()
     [record] = metrics(out_dir)
     assert record["val_samples"] == 23
-    assert round(record["val_acc"] * 23) == (logits.argmax(dim=1) == labels).sum().item(), record
+    assert_counts_correct(record["val_acc"], logits, labels)
     loss = F.cross_entropy(logits, labels, reduction="sum").item() / 23
     assert record["val_loss"] == pytest.approx(loss, rel=VAL_LOSS_RTOL), record

@@ -220,6 +220,42 @@ PITFALLS = [
                      "torch.cuda.amp.GradScaler(enabled="),
     },
     {
+        "title": "bf16 autocast never entered",
+        "mistake": "an autocast whose `enabled=` leaves bf16 out (written for fp16 and its GradScaler)",
+        "symptom": "none: the run is float32 throughout, its losses those of float32, its speed not bf16's",
+        "correct": "`torch.autocast(device.type, dtype=..., enabled=args.amp != \"none\")`; tested by the dtypes "
+                   "of the convolutions and matrix products that ran (`tests/precision_probe.py`)",
+        "fix": [("ddp_amp_accum.py", "return torch.autocast(device.type, dtype=AMP_DTYPES[args.amp]")],
+        "guards": ["tests/test_amp.py::test_autocast_runs_every_convolution_and_matrix_product_in_the_precision_"
+                   "asked[ddp_amp_accum.py-bf16]"],
+        "mutation": ("ddp_amp_accum.py", 'enabled=args.amp != "none")', 'enabled=args.amp == "fp16")'),
+    },
+    {
+        "title": "Autocast in another precision than asked",
+        "mistake": "`--amp bf16` mapped to `torch.float16` (or the other way round)",
+        "symptom": "fp16's narrow range without a GradScaler: small gradients underflow to zero, large "
+                   "activations overflow to inf, and the run says bf16",
+        "correct": "one table from the flag to the dtype (`AMP_DTYPES`), read by autocast; tested by the dtypes "
+                   "that ran",
+        "fix": [("ddp_amp_accum.py", '"bf16": torch.bfloat16')],
+        "guards": ["tests/test_amp.py::test_autocast_runs_every_convolution_and_matrix_product_in_the_precision_"
+                   "asked[ddp_amp_accum.py-bf16]"],
+        "mutation": ("ddp_amp_accum.py", '"bf16": torch.bfloat16', '"bf16": torch.float16'),
+    },
+    {
+        "title": "bf16 that does not train: the optimizer step left to fp16's path",
+        "mistake": "the optimizer stepped only where a GradScaler is in use (the bf16 branch of a two-branch "
+                   "loop forgets `optimizer.step()`)",
+        "symptom": "none but the numbers: the loss does not fall, the weights stay where they started",
+        "correct": "one path for every precision: `scaler.step(optimizer)` always (a disabled scaler is a plain "
+                   "step); tested from a model past the plateau, where float32 learns within 16 steps",
+        "fix": [("ddp_full.py", "        scaler.step(optimizer)")],
+        "guards": ["tests/test_amp.py::test_bf16_learns_where_float32_learns",
+                   "tests/test_amp.py::test_bf16_follows_float32_over_its_first_steps"],
+        "mutation": ("ddp_full.py", "        scaler.step(optimizer)\n",
+                     "        scaler.step(optimizer) if scaler.is_enabled() else None\n"),
+    },
+    {
         "title": "--local_rank versus LOCAL_RANK",
         "mistake": "reading only `--local_rank` (torchrun passes none) or not accepting it (the legacy launcher "
                    "passes `--local-rank=N`)",
