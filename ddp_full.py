@@ -1254,6 +1254,14 @@ def configure_cuda(args, device):
     # Tensor cores' convolutions take channels-last tensors: on GPUs, the layout by default.
     if args.channels_last is None:
         args.channels_last = device.type == "cuda"
+    if args.deterministic:
+        # The same kernels, and the same sums, on every run: cuBLAS's fixed workspace (read when it
+        # first computes, after this), cuDNN's deterministic algorithms and torch's (it warns
+        # where it has none: docs/checkpoints.md), no TF32, no autotuning.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.deterministic = True
+        args.tf32 = args.cudnn_benchmark = False
     # TF32: float32 matmuls and convolutions on tensor cores, several times faster from Ampere on.
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32
     # cuDNN times its algorithms for each new input shape and keeps the fastest: its choice may
@@ -1401,6 +1409,9 @@ def parse_args(argv=None):
                         help="CUDA: float32 matmuls and convolutions on tensor cores (TF32)")
     parser.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction, default=True,
                         help="CUDA: cuDNN times its algorithms per input shape, keeps the fastest")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="CUDA: deterministic kernels, no TF32, no autotuning: a run, and a "
+                             "resume, repeat bit for bit; slower (docs/checkpoints.md)")
     # [optional: compile]
     parser.add_argument("--compile", action="store_true",
                         help="compile the model with torch.compile: faster steps on GPUs after "

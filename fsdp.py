@@ -23,7 +23,8 @@ the optimizer on its own shard alone. The model's values are built on rank 0 alo
 memory: the others build only its shapes (the meta device) and receive their shards.
 
 --amp bf16 keeps the shards in float32 and gathers them in bf16 for compute, with gradients
-reduced in float32 (fp16 adds a GradScaler); --accum-steps K sums the gradients of K
+reduced in float32 (fp16 adds a GradScaler); a model with BatchNorm gathers them in float32 and
+runs under autocast, as ddp_full.py does; --accum-steps K sums the gradients of K
 micro-batches, reduce-scattering each one's; --activation-checkpointing keeps no activations
 inside a block for backward, which recomputes them; --replicas N (hybrid sharding, HSDP) shards
 each unit within groups of world size / N processes, one group per node for N nodes, and
@@ -278,6 +279,13 @@ def main(argv=None):
 
 # --- train/eval -----------------------------------------------------------------------------------
 
+def autocast(args, device, model):
+    """The forward in --amp's precision by autocast where FSDP's policy leaves the parameters
+    float32 (a model with BatchNorm: precision_policies); elsewhere the policy casts them."""
+    return torch.autocast(device.type, dtype=AMP_DTYPES[args.amp],
+                          enabled=args.amp != "none" and has_batchnorm(model))
+
+
 def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, state):
     """Train for the rest of the epoch; return [loss sum, samples, unreadable files] over the
     epoch, all processes.
@@ -302,6 +310,8 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
         group_start = batch_index - batch_index % args.accum_steps
         group_size = min(args.accum_steps, num_batches - group_start)
         last_in_group = batch_index == group_start + group_size - 1
+        with autocast(args, device, model):
+            loss, count = batch_loss(model, batch)
         # [optional: hybrid]
         # HSDP (--replicas) all-reduces the reduce-scattered shards across replicas, across nodes:
         # once a step, at the group's last micro-batch, FSDP adding up the others' until then.
@@ -310,8 +320,6 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
         # where they add up: between micro-batches a process holds 1/world size of them. (Skipped
         # until the group's last, with set_requires_gradient_sync(False), FSDP's no_sync, every
         # process would hold the whole model's gradients between micro-batches, as DDP does.)
-        # FSDP's policy sets the precision of the forward (--amp): no autocast.
-        loss, count = batch_loss(model, batch)
         # Dividing by the group's size makes the summed gradients the mean over the group.
         scaler.scale(loss / group_size).backward()
         # A sum weighted by batch size, so a short last batch counts for what it holds.
@@ -398,7 +406,8 @@ def evaluate(args, model, loader, device):
         batch = report_unreadable(batch, totals, "left out of validation")
         if batch is not None:
             batch = spare = to_device(batch, device, args.channels_last)
-            sums, count = evaluate_batch(model, batch)
+            with autocast(args, device, model):
+                sums, count = evaluate_batch(model, batch)
             totals[:-2] += sums
             totals[-2] += count
         else:
@@ -406,7 +415,8 @@ def evaluate(args, model, loader, device):
             # skipped one would leave the others waiting in it until --timeout-min ends the run.
             # Without a batch, it runs the forward on a spare one and discards the result.
             spare = spare if spare is not None else spare_batch(loader, device, args.channels_last)
-            evaluate_batch(model, spare)
+            with autocast(args, device, model):
+                evaluate_batch(model, spare)
         # [optional: preemption, mid-epoch]
         if PREEMPTION.poll():
             return None
@@ -794,24 +804,26 @@ PREEMPTION = Preemption()
 
 # --- sharding -------------------------------------------------------------------------------------
 
-def precision_policies(args):
-    """FSDP's mixed precision for --amp: the policies of the units, of the root, and of BatchNorm
-    (None in float32, where it needs none of its own)."""
+def precision_policies(args, model):
+    """FSDP's mixed precision for --amp: the policies of the units and of the root."""
     dtype = AMP_DTYPES[args.amp]
+    if dtype != torch.float32 and has_batchnorm(model):
+        # BatchNorm computes with float32 weights beside its float32 statistics, and FSDP gives a
+        # unit's parameters one dtype; a unit of its own inside every block would claim FSDP's
+        # forward root when activation checkpointing recomputes the block (torch 2.11 never frees
+        # it: a race on CUDA, docs/fsdp.md). So every unit keeps float32 and autocast casts.
+        keep = fsdp.MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32)
+        return keep, keep
     # Parameters gathered in --amp's precision, for compute; gradients reduced in float32 (averaged
     # over processes in bf16, small ones round away); the model's output, the loss's input, float32.
     policy = fsdp.MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
     root_policy = fsdp.MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32,
                                             output_dtype=torch.float32)
-    if dtype == torch.float32:
-        return policy, root_policy, None
-    # BatchNorm keeps its running statistics in float32 buffers, which FSDP does not cast, and with
-    # bf16 weights beside them its CPU kernel stops ("expected scalar type BFloat16 but found
-    # Float"). Its layers are a unit of their own whose parameters stay float32 (param_dtype=None,
-    # inputs left as they come): it takes --amp's input, float32 weights and statistics, and
-    # returns --amp's precision, as under autocast, with no cast and no float32 copy of its input.
-    norm_policy = fsdp.MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32)
-    return policy, root_policy, norm_policy
+    return policy, root_policy
+
+
+def has_batchnorm(model):
+    return any(isinstance(module, nn.modules.batchnorm._BatchNorm) for module in model.modules())
 
 
 def shard_model(args, model, values, device, world_size, afresh):
@@ -826,26 +838,14 @@ def shard_model(args, model, values, device, world_size, afresh):
     unit (a stem, a classifier) is the root's, gathered from its forward to its backward. Smaller
     units free memory sooner but send more, smaller messages."""
     mesh = device_mesh(args, device, world_size)
-    policy, root_policy, norm_policy = precision_policies(args)
-    named = check_units(model, shard_units(model))  # the section's units, checked first
-    norms, units = [], []
-    if norm_policy is not None:
-        norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    if norms:
-        # BatchNorm with float32 parameters (precision_policies says why): all its layers one unit,
-        # gathered for the whole forward and again for the backward, not a unit per layer (resnet50
-        # has 53).
-        fsdp.fully_shard(norms, mesh=mesh, mp_policy=norm_policy)
-        units.append(norms)
-    for unit in named:
-        unit = [module for module in unit if module not in norms]  # BatchNorm's are in its unit
+    policy, root_policy = precision_policies(args, model)
+    units = check_units(model, shard_units(model))  # the section's units, checked first
+    for unit in units:
         # [optional: recompute]
         if args.activation_checkpointing:
             for module in unit:
                 recompute_in_backward(module)
-        if unit:
-            fsdp.fully_shard(unit if len(unit) > 1 else unit[0], mesh=mesh, mp_policy=policy)
-            units.append(unit)
+        fsdp.fully_shard(unit if len(unit) > 1 else unit[0], mesh=mesh, mp_policy=policy)
     fsdp.fully_shard(model, mesh=mesh, mp_policy=root_policy)
     # Memory for the shards on this process's device, then their values: rank 0 broadcasts each
     # tensor of its full model in turn and every process keeps its own slice.
@@ -942,13 +942,12 @@ def compile_model(model):
     "_orig_mod."), with static shapes (symbolic ones crash inductor: docs/fsdp.md); what it
     compiled, for the log. Each unit on its own where the units are blocks of a model without
     BatchNorm (a transformer's): FSDP's hooks run between the graphs, and none breaks. Otherwise
-    the whole model: under --amp BatchNorm's float32 unit has its hooks inside the blocks, and a
-    torch.nn layer as a unit (the CNN's convolutions) is not compiled on its own; dynamo then gives
+    the whole model, as measured when BatchNorm had a unit of its own inside every block (a
+    torch.nn layer as a unit, the CNN's convolutions, is not compiled on its own); dynamo then gives
     the root's forward up at FSDP's first hook and compiles the blocks' code as it runs."""
     units = check_units(model, shard_units(model))
     modules = [module for unit in units for module in unit]
-    if any(isinstance(module, nn.modules.batchnorm._BatchNorm) for module in model.modules()) or \
-            any(type(module).__module__.startswith("torch.nn.") for module in modules):
+    if has_batchnorm(model) or any(type(m).__module__.startswith("torch.nn.") for m in modules):
         model.compile(dynamic=False)
         return "the whole model (its units are torch.nn layers or it has BatchNorm: docs/fsdp.md)"
     for module in modules:
@@ -1741,6 +1740,14 @@ def configure_cuda(args, device):
     # Tensor cores' convolutions take channels-last tensors: on GPUs, the layout by default.
     if args.channels_last is None:
         args.channels_last = device.type == "cuda"
+    if args.deterministic:
+        # The same kernels, and the same sums, on every run: cuBLAS's fixed workspace (read when it
+        # first computes, after this), cuDNN's deterministic algorithms and torch's (it warns
+        # where it has none: docs/checkpoints.md), no TF32, no autotuning.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.deterministic = True
+        args.tf32 = args.cudnn_benchmark = False
     # TF32: float32 matmuls and convolutions on tensor cores, several times faster from Ampere on.
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32
     # cuDNN times its algorithms for each new input shape and keeps the fastest: its choice may
@@ -1899,6 +1906,9 @@ def parse_args(argv=None):
                         help="CUDA: float32 matmuls and convolutions on tensor cores (TF32)")
     parser.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction, default=True,
                         help="CUDA: cuDNN times its algorithms per input shape, keeps the fastest")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="CUDA: deterministic kernels, no TF32, no autotuning: a run, and a "
+                             "resume, repeat bit for bit; slower (docs/checkpoints.md)")
     # [optional: compile]
     parser.add_argument("--compile", action="store_true",
                         help="compile the model with torch.compile: faster steps on GPUs after "

@@ -11,8 +11,8 @@
 2. activations: activations kept from forward to backward and seconds per step, with and without
    --activation-checkpointing (bench/fsdp_memory.py, resnet50, 2 processes, AdamW).
 3. collectives: collectives per optimizer step, by kind, and FSDP units, with and without
-   --amp bf16, fsdp.py as it is against a copy of it with each BatchNorm layer a unit of its own
-   under --amp (PER_LAYER_NORMS); resnet50, 2 processes.
+   --amp bf16, fsdp.py as it is against fsdp.py at --norm-unit-before (a git revision in which
+   BatchNorm's layers were one unit of float32 parameters under --amp); resnet50, 2 processes.
 
 Figures of this machine's CPUs; on GPUs activation memory is device memory, the same bytes.
 """
@@ -116,23 +116,6 @@ def revision(before, tmp):
     return old
 
 
-# The one line that makes all of a model's BatchNorm layers one unit, and the per-layer units it replaced.
-ONE_NORM_UNIT = ("        fsdp.fully_shard(norms, mesh=mesh, mp_policy=norm_policy)\n"
-                 "        units.append(norms)\n")
-PER_LAYER_NORMS = ("        [fsdp.fully_shard(norm, mesh=mesh, mp_policy=norm_policy) for norm in norms]\n"
-                   "        units.extend([norm] for norm in norms)\n")
-
-
-def per_layer_norms(tmp):
-    """fsdp.py as it is, but for a unit of its own for each BatchNorm layer, written into tmp."""
-    text = (ROOT / "fsdp.py").read_text()
-    if text.count(ONE_NORM_UNIT) != 1:
-        raise SystemExit(f"fsdp.py has no lines {ONE_NORM_UNIT!r} to split: update ONE_NORM_UNIT")
-    path = Path(tmp) / "fsdp_per_layer_norms.py"
-    path.write_text(text.replace(ONE_NORM_UNIT, PER_LAYER_NORMS))
-    return path
-
-
 def host_memory(models, nprocs, before, init_from_before):
     lines = ["", "## Host memory per process at start-up", "",
              "Peak resident set size of each process when `shard_model` returns (MiB), and its rise over the "
@@ -198,23 +181,25 @@ def host_memory_rows(model, nproc, before, init_from_before):
     return lines
 
 
-def collectives(model, blocks):
+def collectives(model, blocks, before):
     """Collectives per optimizer step (the difference of an epoch of 3 steps and one of 1, halved:
-    the epoch's own, logging's sums, cancel) of fsdp.py, and of it with a unit per BatchNorm layer
-    (before), 2 processes."""
+    the epoch's own, logging's sums, cancel) of fsdp.py, and of it at the revision before, 2
+    processes."""
     lines = ["", f"## Collectives per step ({model}, {blocks} blocks, 2 processes)", "",
              "Collectives one process issues per optimizer step, c10d's operators counted by a "
              "dispatch mode around `train_one_epoch`: an epoch of 3 steps less an epoch of 1, halved. "
-             "`before`: fsdp.py with each BatchNorm layer a unit of its own under --amp (as it was "
-             "until c85972d); `now`: all of a model's BatchNorm layers are one unit. Units: FSDP's, the "
-             "root included (fsdp.py's log line). Same model.pt: after the 3 steps, bit for bit the "
-             "weights and buffers `before` trained with the same --amp.", "",
+             f"`before`: fsdp.py at `{before}`, where under --amp all of a model's BatchNorm layers were "
+             "one unit of float32 parameters, inside every block; `now`: a model with BatchNorm keeps "
+             "float32 parameters in every unit and runs under autocast, no unit of BatchNorm's own (its "
+             "all-gathers move float32, twice bf16's bytes). Units: FSDP's, the root included "
+             "(fsdp.py's log line). Same model.pt: after the 3 steps, bit for bit the weights and "
+             "buffers `before` trained with the same --amp.", "",
              "| fsdp.py | --amp | units | all-gathers | reduce-scatters | all-reduces | other | same model.pt |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     kinds = {"all-gathers": "allgather", "reduce-scatters": "reduce_scatter", "all-reduces": "allreduce"}
     with tempfile.TemporaryDirectory() as tmp:
         rows, weights = [], {}
-        for label, path in (("before", per_layer_norms(tmp)), ("now", ROOT / "fsdp.py")):
+        for label, path in (("before", revision(before, tmp)), ("now", ROOT / "fsdp.py")):
             for amp in ("none", "bf16"):
                 counts = {}
                 for steps in (1, 3):
@@ -277,6 +262,9 @@ def main(argv=None):
     parser.add_argument("--init-from-before", default="d85456f",
                         help="the git revision of fsdp.py, or a file, whose --init-from to compare with (default: "
                              "d85456f, the last whose rank 0 built the model at random, then loaded the file)")
+    parser.add_argument("--norm-unit-before", default="95f5ded",
+                        help="the git revision of fsdp.py, or a file, whose BatchNorm unit to compare with "
+                             "(default: 95f5ded, the last with one)")
     parser.add_argument("--out", default=str(ROOT / "docs" / "bench" / "fsdp"),
                         help="output folder (default: docs/bench/fsdp)")
     args = parser.parse_args(argv)
@@ -290,7 +278,7 @@ def main(argv=None):
             lines += host_memory(["resnet18"] if args.quick else ["resnet50", "vit_b_16"],
                                  [2] if args.quick else [2, 4], args.before, args.init_from_before)
         elif part == "collectives":
-            lines += collectives(*(("resnet18", 8) if args.quick else ("resnet50", 16)))
+            lines += collectives(*(("resnet18", 8) if args.quick else ("resnet50", 16)), args.norm_unit_before)
         else:
             lines += activations("resnet18" if args.quick else "resnet50",
                                  *((32, 2, 2, 1) if args.quick else (64, 16, 4, 3)))

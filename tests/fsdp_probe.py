@@ -16,7 +16,13 @@ Each process records, for the number of processes W it runs in and its rank R:
   before any training, gathered from every process's shards;
 - with PROBE_OPS=1, DIR/ops_w<W>_r<R>.json: over training (train_one_epoch, forward and backward),
   the micro-batches, the dtype casts (aten._to_copy) and BatchNorm's calls by the dtype of their
-  input (a float32 input under --amp bf16 is a cast BatchNorm did not need).
+  input (a float32 input under --amp bf16 is a cast BatchNorm did not need);
+- with PROBE_ROOT=1, DIR/root_w<W>_r<R>.json: over training, for each micro-batch, whether FSDP's
+  forward root (the state that runs the once-per-forward work, among it the wait for the
+  optimizer's writes before the first all-gather) was free when its forward began, which state then
+  claimed it (the model's own: "root"), and every claim made during a backward (a recomputed
+  block's unit claims it there; unless the end of the backward frees it, the next forward finds it
+  taken and skips that work: torch 2.11 does not free it, 2.14 does).
 Nothing of the script is changed but these records; the script's own code does the work.
 """
 import importlib.util
@@ -151,4 +157,40 @@ if os.environ.get("PROBE_OPS"):
         return result
 
     fsdp.train_one_epoch, fsdp.batch_loss = counting_epoch, counting_batch_loss
+if os.environ.get("PROBE_ROOT"):
+    from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+
+    forwards, in_backward_claims, current = [], [], {}
+    root_pre_forward = FSDPState._root_pre_forward
+
+    def recording_root_pre_forward(self, module, args, kwargs):
+        if self._state_ctx.iter_forward_root is None and current:
+            claimer = "root" if self is current["root"] else type(module).__name__
+            (current["record"]["claimed_by"].append if current["in_forward"] else in_backward_claims.append)(claimer)
+        return root_pre_forward(self, module, args, kwargs)
+
+    FSDPState._root_pre_forward = recording_root_pre_forward
+    train_one_epoch_root, batch_loss_root = fsdp.train_one_epoch, fsdp.batch_loss
+
+    def recording_batch_loss(model, batch):
+        state = model._get_fsdp_state()
+        current.update(root=state, in_forward=True,
+                       record={"free": state._state_ctx.iter_forward_root is None, "claimed_by": []})
+        forwards.append(current["record"])
+        try:
+            return batch_loss_root(model, batch)
+        finally:
+            current["in_forward"] = False
+
+    def recording_epoch(*args, **kwargs):
+        fsdp.batch_loss = recording_batch_loss
+        try:
+            return train_one_epoch_root(*args, **kwargs)
+        finally:
+            fsdp.batch_loss = batch_loss_root
+            current.clear()
+            (probe_dir / f"root_{where()}.json").write_text(json.dumps(
+                {"forwards": forwards, "claims_in_backward": in_backward_claims}))
+
+    fsdp.train_one_epoch = recording_epoch
 sys.exit(fsdp.main(sys.argv[1:]))

@@ -89,11 +89,11 @@ def test_fsdp_bf16_policy_follows_float32_and_learns(runs):
 @pytest.mark.slow
 @pytest.mark.parametrize("amp", ["bf16", "fp16"])
 def test_fsdp_low_precision_trains_resnet18_as_ddp_full_with_no_cast_around_batchnorm(runs, amp, tmp_path):
-    # BatchNorm's unit keeps float32 parameters (param_dtype=None) and takes --amp's input as it
-    # comes: the arithmetic of ddp_full.py's autocast (measured here: bitwise, bf16 and fp16; the
-    # harness's FSDP-against-DDP tolerances) with no cast around a BatchNorm layer. With a float32
-    # cast of each layer's input and a cast back of its output, as before, BatchNorm was fed float32
-    # (252 casts in 3 micro-batches a process, 12 without) and the weights ended 0.10 from ddp_full's.
+    # A model with BatchNorm keeps float32 parameters in every unit (param_dtype=None) and runs
+    # under autocast: the arithmetic of ddp_full.py's autocast (measured here: bitwise, bf16 and
+    # fp16; the harness's FSDP-against-DDP tolerances), BatchNorm fed --amp's precision. With a
+    # float32 cast of each layer's input and a cast back of its output, as once, BatchNorm was fed
+    # float32 and the weights ended 0.10 from ddp_full's.
     ddp = runs.get(f"ddp_full_bn_{amp}_w2", "ddp_full.py", [*BATCHNORM, "--amp", amp], nproc=2, tiny=False)
     probe_dir, out_dir = tmp_path / "probe", tmp_path / "run"
     probe_dir.mkdir()
@@ -520,6 +520,26 @@ def test_fsdp_activation_checkpointing_trains_bitwise_the_same_model(runs, model
     untimed = [[{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in metrics(d)]
                for d in (plain, checkpointed)]
     assert untimed[0] == untimed[1]
+
+
+@pytest.mark.slow
+def test_activation_checkpointing_leaves_fsdps_forward_root_free_for_every_forward(tmp_path):
+    # Every training forward must find FSDP's forward root free and claim it with the model's own
+    # unit: that claim is where, on a GPU, the all-gathers wait for the optimizer's last writes to
+    # the shards. A recomputed block runs its modules' FSDP hooks inside the backward; a BatchNorm
+    # unit there claimed the root, and torch 2.11 never freed it (2.14 does at the backward's end):
+    # from the second step on every forward skipped that wait, a silent race on CUDA. Run on 2.11
+    # and 2.14.1 (tests/README.md).
+    check(launch("tests/fsdp_probe.py", [*BATCHNORM, "--amp", "bf16", "--activation-checkpointing", "--out-dir",
+                                         str(tmp_path / "run")], nproc=2,
+                 env={"PROBE_DIR": str(tmp_path), "PROBE_ROOT": "1"}))
+    for rank in (0, 1):
+        record = json.loads((tmp_path / f"root_w2_r{rank}.json").read_text())
+        forwards = record["forwards"]
+        assert len(forwards) == 3, record  # 48 samples, 2 processes x 8: 3 steps
+        assert [(f["free"], f["claimed_by"][:1]) for f in forwards] == [(True, ["root"])] * 3, record
+        # No unit's hook runs in a recomputed block (BatchNorm has no unit of its own): none claims.
+        assert record["claims_in_backward"] == [], record
 
 
 def test_fsdp_compile_with_activation_checkpointing_is_one_clear_line(tmp_path, capsys):

@@ -367,11 +367,15 @@ MANIFEST = {
              "root gives its output back in float32 for the loss. Unlike autocast, which picks the "
              "dtype per operation and keeps softmax, norms and losses in float32, the policy casts a "
              "unit's parameters and inputs: every operation on them in the unit runs in bf16, "
-             "softmax and norms included, and its gradients are computed in bf16 too. BatchNorm, whose "
-             "running statistics FSDP does not cast, is a unit of its own (all its layers one unit) "
-             "whose parameters stay float32 (param_dtype=None): it takes the bf16 input as it comes, "
-             "no cast, and returns bf16, as under autocast. fp16 keeps the GradScaler: it works "
-             "on sharded gradients, and an overflow on one process skips the step on all."),
+             "softmax and norms included, and its gradients are computed in bf16 too. BatchNorm "
+             "computes with float32 weights beside its float32 statistics, and FSDP gives a unit's "
+             "parameters one dtype: a model with BatchNorm keeps float32 parameters in every unit "
+             "(param_dtype=None) and runs under autocast, as ddp_full.py does. (A unit of "
+             "BatchNorm's own would sit inside every block, where activation checkpointing's "
+             "recompute runs its hooks in the backward: torch 2.11 then leaves FSDP's forward root "
+             "claimed, and the next forwards skip the wait for the optimizer, a race on CUDA.) fp16 "
+             "keeps the GradScaler: it works on sharded gradients, and an overflow on one process "
+             "skips the step on all."),
             ("accum", "Accumulation: a reduce-scatter per micro-batch",
              "Each micro-batch's backward reduce-scatters its gradients (averaged over processes) into "
              "this process's slice, where the micro-batches' add up: K reduce-scatters a step, but a process never holds the whole "
@@ -425,7 +429,7 @@ MANIFEST = {
              "for it keeps the sharded checkpoint, which any number of processes loads."),
             FLAGS,
         ],
-        "ahead": {"precision_policies": "precision", "broadcast_buffers": "hostcopy", "values": "hostcopy",
+        "ahead": {"precision_policies": "precision", "has_batchnorm": "precision", "broadcast_buffers": "hostcopy", "values": "hostcopy",
                   "recompute_in_backward": "recompute", "own_initialisation": "hostcopy", "init_weights": "hostcopy",
                   "device_mesh": "hsdp", "check_units": "units", "shard_units": "units"},
         "regions": {
@@ -443,6 +447,8 @@ MANIFEST = {
             "check_args": [("activation_checkpointing", "recompute"), ("", "checkpoint")],
             "ResumableSampler": "reshard",
             "precision_policies": "precision",
+            "has_batchnorm": "precision",
+            "autocast": "precision",
             "shard_model": "shard",
             "shard_units": "units",
             "find_blocks": "units",
@@ -462,9 +468,10 @@ MANIFEST = {
             "shard_sizes": "shard",
             "release_device_meshes": "shard",
             "cleanup_distributed": "shard",
-            "train_one_epoch": [("set_requires_all_reduce", "hsdp"), ("reduce-scatter", "accum"), ("full_tensor", "clip"), ("global norm", "clip"),
-                                ("--- train/eval", "precision"), ("", "reshard")],
-            "evaluate": "validation",
+            "train_one_epoch": [("removed:sync_context", "accum"), ("autocast(args, device, model)", "precision"),
+                                ("set_requires_all_reduce", "hsdp"), ("full_tensor", "clip"), ("global norm", "clip"),
+                                ("", "reshard")],
+            "evaluate": [("spare", "validation"), ("autocast(args, device, model)", "precision"), ("", "validation")],
             "spare_batch": "validation",
             "TrainState": "reshard",
             "SHARED_STATE": "reshard",
@@ -484,7 +491,7 @@ MANIFEST = {
                       ("build_on_meta", "hostcopy"), ("initial_values", "hostcopy"), ("del values", "hostcopy"),
                       ("", "shard")],
         },
-        "removed": {"autocast": "precision"},
+        "removed": {},
         "flags_added": {"--activation-checkpointing", "--replicas"},
         "flags_removed": {"--bucket-cap-mb": "FSDP gathers and reduce-scatters per unit: no DDP buckets",
                           "--gradient-as-bucket-view": "no DDP buckets to view"},
@@ -492,7 +499,7 @@ MANIFEST = {
                        "broadcast_buffers", "recompute_in_backward", "buffers_kept", "device_mesh",
                        "find_blocks", "check_units", "shard_units", "compile_model", "initial_values",
                        "own_initialisation"},
-        "diff_size": (639, 130),
+        "diff_size": (636, 128),
     },
 }
 
@@ -541,15 +548,16 @@ BRIEF = {
                      "*if PREEMPTION.agreed:  # after the step"]),
     ],
     "fsdp.py": [
-        ("shard", ["mesh = device_mesh(args, device, world_size)", "named = check_units(", ("shard_model", "for unit in named:"),
-                   ("shard_model", "if unit:"), "fsdp.fully_shard(unit if", "fsdp.fully_shard(model, mesh",
+        ("shard", ["mesh = device_mesh(args, device, world_size)", ("shard_model", "units = check_units("), ("shard_model", "for unit in units:"),
+                   "fsdp.fully_shard(unit if", "fsdp.fully_shard(model, mesh",
                    "units = shard_model(", "optimizer = build_optimizer(args, model)",
                    "return init_device_mesh(device.type, (world_size,))", "    release_device_meshes()"]),
         ("hostcopy", ["model = build_on_meta(", ("build_on_meta", '*with torch.device("meta")'),
                       "values = rank0_only(rank, initial_values", "full_model = build_model(",
                       "model.to_empty(device=device)", ("shard_model", "init_weights(model)"),
                       "set_model_state_dict(model, state, options", ("shard_model", "broadcast_buffers(model)")]),
-        ("precision", [" policy = fsdp.MixedPrecisionPolicy(", "root_policy = fsdp.MixedPrecisionPolicy("]),
+        ("precision", [" policy = fsdp.MixedPrecisionPolicy(", "root_policy = fsdp.MixedPrecisionPolicy(",
+                       "keep = fsdp.MixedPrecisionPolicy("]),
         ("hsdp", ["return init_device_mesh(device.type, (args.replicas", "model.set_requires_all_reduce("]),
         ("clip", ["grad_norm = torch.nn.utils"]),
         ("validation", ["evaluate_batch(model, spare)", "model.reshard()"]),

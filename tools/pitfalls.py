@@ -658,11 +658,12 @@ PITFALLS = [
         "mistake": "one bf16 `MixedPrecisionPolicy` for the whole model, BatchNorm included",
         "symptom": "on CPU: \"expected scalar type BFloat16 but found Float\" in the first forward (bf16 weights "
                    "beside BatchNorm's float32 running statistics, which FSDP does not cast)",
-        "correct": "the BatchNorm layers a unit of their own whose parameters stay float32 (`param_dtype=None`)",
-        "fix": [("fsdp.py", "    if norm_policy is not None:")],
+        "correct": "a model with BatchNorm keeps float32 parameters in every unit (`param_dtype=None`) and runs its "
+                   "forward under autocast, as `ddp_full.py` does (bitwise its weights)",
+        "fix": [("fsdp.py", "    if dtype != torch.float32 and has_batchnorm(model):")],
         "guards": ["tests/test_fsdp.py::test_fsdp_low_precision_trains_resnet18_as_ddp_full_with_no_cast_around_"
                    "batchnorm[bf16]"],
-        "mutation": ("fsdp.py", "    if norm_policy is not None:", "    if False:"),
+        "mutation": ("fsdp.py", "    if dtype != torch.float32 and has_batchnorm(model):", "    if False:"),
     },
     {
         "title": "torch.compile over activation checkpointing with a context_fn",
@@ -687,32 +688,37 @@ PITFALLS = [
     },
     {
         "title": "FSDP: BatchNorm cast to float32 around every layer",
-        "mistake": "keeping BatchNorm in float32 under `--amp` by casting (a float32 `param_dtype` for its unit, "
-                   "or hooks that cast each layer's input to float32 and its output back)",
-        "symptom": "casts around every layer (resnet18 under bf16: 252 casts in 3 micro-batches, not 12), a float32 "
-                   "copy of each BatchNorm input kept for the backward, and other arithmetic than autocast's: the "
-                   "weights end 0.10 from ddp_full.py's",
-        "correct": "BatchNorm's unit with `param_dtype=None`: float32 parameters, the input as it comes; BatchNorm "
-                   "takes bf16 or fp16 with float32 weights and statistics, as under autocast (bitwise ddp_full's)",
-        "fix": [("fsdp.py", "norm_policy = fsdp.MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32)")],
+        "mistake": "keeping BatchNorm in float32 under `--amp` by casting (a float32 `param_dtype`, which casts each "
+                   "unit's input to float32, or hooks that cast each layer's input to float32 and its output back)",
+        "symptom": "casts around every unit or layer, float32 copies kept for the backward, and other arithmetic "
+                   "than autocast's: the weights end away from `ddp_full.py`'s (0.10 with the hooks)",
+        "correct": "`param_dtype=None`: float32 parameters, inputs as they come, and autocast casting each operation "
+                   "as in `ddp_full.py`: the same weights, bit for bit",
+        "fix": [("fsdp.py", "keep = fsdp.MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32)")],
         "guards": ["tests/test_fsdp.py::test_fsdp_low_precision_trains_resnet18_as_ddp_full_with_no_cast_around_"
                    "batchnorm[bf16]"],
-        "mutation": ("fsdp.py", "fsdp.MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32)",
-                     "fsdp.MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)"),
+        "mutation": ("fsdp.py", "keep = fsdp.MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32)",
+                     "keep = fsdp.MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)"),
     },
     {
-        "title": "FSDP: a unit for every BatchNorm layer",
-        "mistake": "`fully_shard` on each BatchNorm layer to keep it in float32 under `--amp`",
-        "symptom": "each layer is gathered and reduced on its own: resnet50 under bf16 has 70 units instead of "
-                   "18, and a step sends 139 all-gathers and 70 reduce-scatters instead of 35 and 18 "
-                   "(docs/bench/fsdp/collectives.md), each of a few kilobytes",
-        "correct": "all BatchNorm layers of the model one unit (`fully_shard` takes a list of modules): gathered "
-                   "once for the forward and once for the backward; the same weights, bit for bit",
-        "fix": [("fsdp.py", "        fsdp.fully_shard(norms, mesh=mesh, mp_policy=norm_policy)")],
-        "guards": ["tests/test_bench.py::test_fsdp_big_models_benchmark_counts_batchnorm_under_amp_as_one_unit_"
-                   "and_trains_the_same_weights"],
-        "mutation": ("fsdp.py", "        fsdp.fully_shard(norms, mesh=mesh, mp_policy=norm_policy)",
-                     "        [fsdp.fully_shard(norm, mesh=mesh, mp_policy=norm_policy) for norm in norms]"),
+        "title": "FSDP: BatchNorm in a unit of its own inside the blocks",
+        "mistake": "keeping BatchNorm's parameters float32 under `--amp` with units of their own (one for all its "
+                   "layers, or one each) inside the blocks, whose parameters are gathered in bf16",
+        "symptom": "with `--activation-checkpointing`, each block recomputed in the backward runs BatchNorm's FSDP "
+                   "hooks, which claim the forward's root; torch 2.11 never frees it, and from the second step on "
+                   "every forward skips the wait for the optimizer's writes before its all-gathers: a silent race "
+                   "on CUDA (on CPU a warning that modules \"did not run forward before backward\"). And a unit "
+                   "per layer is 70 units for resnet50 instead of 17, each gathered and reduced on its own",
+        "correct": "no unit inside a block: a model with BatchNorm keeps float32 parameters in every unit and runs "
+                   "under autocast; the forward root is free and the model's own at every forward (counted by "
+                   "`tests/fsdp_probe.py`, on torch 2.11 and 2.14)",
+        "fix": [("fsdp.py", "    units = check_units(model, shard_units(model))  # the section's units")],
+        "guards": ["tests/test_fsdp.py::test_activation_checkpointing_leaves_fsdps_forward_root_free_for_every_forward"],
+        "mutation": ("fsdp.py", "    units = check_units(model, shard_units(model))  # the section's units, checked first\n",
+                     "    units = check_units(model, shard_units(model))  # the section's units, checked first\n"
+                     "    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]\n"
+                     "    if norms and args.amp != \"none\":\n"
+                     "        fsdp.fully_shard(norms, mesh=mesh, mp_policy=policy)\n"),
     },
     {
         "title": "FSDP: a unit for every layer in a container",
