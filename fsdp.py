@@ -427,6 +427,20 @@ def evaluate(args, model, loader, device):
     return totals.cpu()  # waits for the GPU: validation's time is read after it
 
 
+def broadcast_buffers(model):
+    """Give every process rank 0's buffers (BatchNorm's running statistics): each process updates
+    its own in training. One broadcast per dtype, of all of them laid end to end, not one per buffer
+    (resnet50 has 159)."""
+    by_dtype = {}
+    for buffer in model.buffers():
+        by_dtype.setdefault(buffer.dtype, []).append(buffer)
+    for buffers in by_dtype.values():
+        flat = torch.cat([buffer.reshape(-1) for buffer in buffers])
+        dist.broadcast(flat, src=0)
+        for buffer, values in zip(buffers, flat.split([buffer.numel() for buffer in buffers])):
+            buffer.copy_(values.view_as(buffer))
+
+
 def spare_batch(loader, device, channels_last):
     """A batch of one sample of the validation set, for a forward whose result is discarded."""
     sample = loader.dataset[0]
@@ -980,20 +994,6 @@ def device_mesh(args, device, world_size):
     return init_device_mesh(device.type, (world_size,))
 
 
-def broadcast_buffers(model):
-    """Give every process rank 0's buffers (BatchNorm's running statistics): FSDP shards parameters,
-    not buffers, and each process updates its own. One broadcast per dtype, of all of them laid end
-    to end, not one per buffer (resnet50 has 159)."""
-    by_dtype = {}
-    for buffer in model.buffers():
-        by_dtype.setdefault(buffer.dtype, []).append(buffer)
-    for buffers in by_dtype.values():
-        flat = torch.cat([buffer.reshape(-1) for buffer in buffers])
-        dist.broadcast(flat, src=0)
-        for buffer, values in zip(buffers, flat.split([buffer.numel() for buffer in buffers])):
-            buffer.copy_(values.view_as(buffer))
-
-
 # [optional: recompute]
 def recompute_in_backward(block):
     """--activation-checkpointing: the block keeps only its inputs for backward, not the activations
@@ -1409,8 +1409,7 @@ def restore(checkpoint, path, model, optimizer, scheduler, scaler, rank, device)
                        optim_state_dict=sharded["optimizer"])
         scheduler.load_state_dict(checkpoint["scheduler"])
     except (RuntimeError, ValueError, KeyError, dcp.api.CheckpointException) as err:
-        reason = str(err).strip().splitlines()[0]
-        raise ConfigError(f"checkpoint {path} does not fit this model: {reason}") from None
+        raise restore_error(err, path, rank) from None
     scaler.load_state_dict(checkpoint["scaler"])
     rank_states = checkpoint["rank_states"]
     if len(rank_states) == dist.get_world_size():
@@ -1426,6 +1425,23 @@ def restore(checkpoint, path, model, optimizer, scheduler, scaler, rank, device)
     set_rng_state(state.rng)
     state.train_totals = state.train_totals.to(device)
     return state
+
+
+def restore_error(err, path, rank):
+    """The line for a restore that failed: a checkpoint that does not fit this model (bad input,
+    which every process meets: exit 2), or a failure of this process or of its group met while
+    loading (a collective, nccl, the GPU: exit 1, naming the rank)."""
+    # dcp.load's CheckpointException holds each rank's exception.
+    for cause in [cause for cause, _ in getattr(err, "failures", {}).values()] or [err]:
+        failed = isinstance(cause, (dist.DistError, torch.cuda.OutOfMemoryError))
+        if failed or "CUDA error" in str(cause):
+            return ConfigError(f"restoring {path} failed in this process, not in the checkpoint: "
+                               f"{type(cause).__name__}: {first_line(cause)}", status=1, rank=rank)
+    return ConfigError(f"checkpoint {path} does not fit this model: {first_line(err)}")
+
+
+def first_line(err):
+    return (str(err).strip() or type(err).__name__).splitlines()[0]
 
 
 def start_or_resume(args, checkpoint, path, model, optimizer, scheduler, scaler, train_loader,
@@ -1924,8 +1940,8 @@ def parse_args(argv=None):
                         help="gather the parameters in this precision for forward and backward "
                              "(gradients reduced in float32); fp16 adds a GradScaler")
     parser.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
-                        help="4-D inputs and weights in channels-last memory order (default: on "
-                             "GPUs)")
+                        help="4-D inputs in channels-last memory order; FSDP keeps the weights "
+                             "contiguous, converted in each pass (default: on GPUs)")
     parser.add_argument("--accum-steps", type=int, default=1,
                         help="micro-batches whose gradients are summed before each optimizer step")
     parser.add_argument("--clip-grad-norm", type=float, default=0.0,

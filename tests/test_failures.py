@@ -216,3 +216,46 @@ def test_a_section_without_a_name_the_script_uses_stops_before_any_work_naming_i
     assert len(lines) == 1, result.stderr
     assert f'{script}: error: the section "your data and model" has no {hook}: ' in lines[0], lines[0]
     assert not (tmp_path / "out").exists()  # before any work
+
+
+# --- a restore that fails in a process, not in the checkpoint ------------------------------------
+
+class RaisingModel:
+    """A model whose load_state_dict raises what a failing process or group would."""
+
+    def __init__(self, error):
+        self.error = error
+
+    def load_state_dict(self, state):
+        raise self.error
+
+
+@pytest.mark.parametrize("script", ["ddp_full.py", "fsdp.py"])
+def test_a_restore_that_fails_in_a_collective_is_that_process_failing_not_a_checkpoint_that_does_not_fit(
+        script, monkeypatch):
+    # nccl's failures are DistBackendError, a RuntimeError: read as "does not fit" they were bad
+    # input (exit 2, rank 0's line). They are this process's failure: exit 1, its rank named.
+    import torch.distributed as dist
+    from test_validation import load_script
+
+    module = load_script(script)
+
+    def restore(error):
+        if script == "fsdp.py":  # its first step: the sharded state dicts to load into
+            monkeypatch.setattr(module, "get_state_dict", lambda *args: (_ for _ in ()).throw(error))
+        with pytest.raises(module.ConfigError) as raised:
+            module.restore({"model": {}}, "runs/x/checkpoints/step_1", RaisingModel(error), None, None, None, 1,
+                           None)
+        return raised.value
+
+    failed = restore(dist.DistBackendError("NCCL communicator was aborted on rank 1"))
+    assert (failed.status, failed.rank) == (1, 1), (failed.status, failed.rank)
+    assert str(failed) == ("restoring runs/x/checkpoints/step_1 failed in this process, not in the checkpoint: "
+                           "DistBackendError: NCCL communicator was aborted on rank 1")
+    misfit = restore(RuntimeError("Error(s) in loading state_dict for SmallCNN:\n\tsize mismatch"))
+    assert (misfit.status, misfit.rank) == (2, None), (misfit.status, misfit.rank)
+    assert str(misfit) == ("checkpoint runs/x/checkpoints/step_1 does not fit this model: "
+                           "Error(s) in loading state_dict for SmallCNN:")
+    if script == "fsdp.py":  # dcp.load reports each rank's exception inside a CheckpointException
+        wrapped = module.dcp.api.CheckpointException("load failed", {0: (dist.DistBackendError("timeout"), None)})
+        assert restore(wrapped).status == 1

@@ -115,3 +115,26 @@ def test_adamw_is_fused_on_gpus_and_foreach_elsewhere(monkeypatch, script):
     for parameter in (torch.nn.Parameter, ParameterOnAGpu):
         module.build_optimizer(args, torch.nn.ParameterList([parameter(torch.zeros(2, 2)), parameter(torch.zeros(2))]))
     assert chosen == [False, True]
+
+
+@pytest.mark.parametrize("script", ["ddp_full.py", "fsdp.py"])
+def test_deterministic_sets_cublas_cudnn_and_torch_to_their_deterministic_kernels(script, monkeypatch):
+    # What --deterministic sets before any CUDA work, read back on the CPU (configure_cuda runs the
+    # same lines on both); a resume must keep it, as it changes the arithmetic.
+    module = load_script(script)
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+             torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    try:
+        args = module.parse_args(["--deterministic"])
+        module.configure_cuda(args, torch.device("cpu"))
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+        assert "deterministic" not in module.RESUME_MAY_CHANGE
+    finally:
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.allow_tf32,
+         torch.backends.cudnn.allow_tf32) = saved[2:]

@@ -433,9 +433,9 @@ PITFALLS = [
                    "scored by different models, none of them the saved one (measured: 278/397 correct reported, "
                    "276/397 for the saved model)",
         "correct": "broadcast rank 0's buffers before scoring, so every shard is scored by the model rank 0 saves",
-        "fix": [("ddp_full.py", "        dist.broadcast(buffer, src=0)")],
+        "fix": [("ddp_full.py", "    broadcast_buffers(model)")],
         "guards": ["tests/test_validation.py::test_sharded_validation_with_batchnorm_scores_the_saved_model"],
-        "mutation": ("ddp_full.py", "    for buffer in model.buffers():\n        dist.broadcast(buffer, src=0)\n", ""),
+        "mutation": ("ddp_full.py", "    broadcast_buffers(model)\n    model.eval()", "    model.eval()"),
     },
     {
         "title": "A resume that loses the BatchNorm statistics",
