@@ -408,22 +408,25 @@ def rank0_only(rank, function, *args):
 
 
 def rank0_first(rank, function, *args):
-    """Call function on rank 0 first (a download, say), then on the others: no two write a file.
-    What rank 0 meets stops all; so does what another process meets after it (its node's own
-    disk): that process reports it, with its rank, and the others stop with it."""
+    """Call function on rank 0 first (a download, say), then on the first process of each other
+    node (LOCAL_RANK 0: its node's own disk, or rank 0's copy where the disk is shared), then on
+    the rest: no two processes write one file at once. What a process meets stops all: it reports
+    it, with its rank, and the others stop with it."""
     result = rank0_only(rank, function, *args)
-    error = None
-    if rank != 0:
-        try:
-            result = function(*args)
-        except ConfigError as err:
-            error = (str(err), err.status)
-    errors = [None] * dist.get_world_size()
-    dist.all_gather_object(errors, error)
-    failed = [r for r, e in enumerate(errors) if e is not None]
-    if failed:
-        message, status = errors[rank] or ("", errors[failed[0]][1])
-        raise ConfigError(message, status, rank=rank if errors[rank] else failed[0])
+    first_of_node = int(os.environ.get("LOCAL_RANK", 0)) == 0
+    for turn in (rank != 0 and first_of_node, not first_of_node):
+        error = None
+        if turn:
+            try:
+                result = function(*args)
+            except ConfigError as err:
+                error = (str(err), err.status)
+        errors = [None] * dist.get_world_size()
+        dist.all_gather_object(errors, error)
+        failed = [r for r, e in enumerate(errors) if e is not None]
+        if failed:
+            message, status = errors[rank] or ("", errors[failed[0]][1])
+            raise ConfigError(message, status, rank=rank if errors[rank] else failed[0])
     return result
 
 

@@ -297,3 +297,43 @@ def test_nodes_that_see_different_checkpoints_stop_with_one_line_and_write_nothi
     assert "exitcode: 2" in results[0].stderr + results[1].stderr
     assert snapshot(tmp_path / "node0") == before
     assert not (tmp_path / "node1").exists()
+
+
+# A data preparation that records who ran it (a download, say): the first process to find no
+# data writes it, taking a second, in which a process that came too would write as well.
+PREPARATION = '''    prepared = Path(args.data_dir) / "prepared"
+    if not prepared.exists():
+        with open(Path(args.data_dir) / "writers.txt", "a") as f:
+            f.write(f"{os.environ['RANK']} {os.environ['LOCAL_RANK']}\\n")
+        time.sleep(1)
+        prepared.write_text("done")
+    if args.data == "synthetic":
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shared", [False, True], ids=["a-directory-per-node", "one-shared-directory"])
+def test_data_preparation_runs_once_per_node_directory_on_the_first_process_of_the_node(shared, tmp_path):
+    # Two "nodes" of 2 processes (static ranks: node 0 holds ranks 0 and 1). rank0_first runs the
+    # preparation on rank 0, then on the first process of each other node, then on the rest: one
+    # writer per directory, rank 0 alone where the directory is shared. Before, the other nodes'
+    # processes all prepared at once (2 writers in node 1's directory).
+    script = tmp_path / "ddp_basic.py"
+    text = (ROOT / "ddp_basic.py").read_text()
+    assert text.count('    if args.data == "synthetic":\n') == 1
+    script.write_text(text.replace('    if args.data == "synthetic":\n', PREPARATION))
+    port, processes, dirs = free_port(), [], []
+    for node in (0, 1):
+        data_dir = tmp_path / ("data" if shared else f"data{node}")
+        data_dir.mkdir(exist_ok=True)
+        dirs.append(data_dir)
+        cmd = command(str(script), [*TINY, "--epochs", "1", "--batch-size", "8", "--data-dir", str(data_dir),
+                                    "--out-dir", str(tmp_path / f"run{node}")])
+        cmd[1:2] = ["-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=2", f"--node-rank={node}",
+                    "--master-addr=127.0.0.1", f"--master-port={port}", cmd[1]]
+        processes.append(start(cmd, tmp_path / f"run{node}"))
+    for process in processes:
+        assert process.wait(timeout=240) == 0, output(tmp_path / "run0")[-3000:]
+    writers = {str(d): (d / "writers.txt").read_text().split("\n")[:-1] for d in dict.fromkeys(dirs)}
+    expected = {str(dirs[0]): ["0 0"]} if shared else {str(dirs[0]): ["0 0"], str(dirs[1]): ["2 0"]}
+    assert writers == expected, writers

@@ -120,7 +120,8 @@ lists them all, each with its mutation-checked guard.
     but only 4 GPUs are visible: start at most one process per GPU` (as many as reach the check
     before torchrun stops the rest) instead of silence. Bad input that every process meets stays
     one line from rank 0. Data that one process cannot see (its node's disk lacks it) is the same:
-    rank 0 reads the data first, then the others, and one all-gather of their verdicts
+    rank 0 reads the data first, then the first process of each other node, then the rest (one
+    writer per node's directory), and an all-gather of their verdicts after each turn
     (`rank0_first`) makes each process that failed print its line with its rank while every
     process stops there — before, the line was lost and rank 0 died in DDP's first collective.
   - *A section "your data and model" without a name the script uses* is checked before any work
@@ -974,6 +975,19 @@ PITFALLS = [
         "mutation": ("fsdp.py", "        if rank == 0:\n            shutil.rmtree(tmp, ignore_errors=True)  # a partial "
                                 "checkpoint is no checkpoint\n        raise shard_write_error(",
                      "        raise shard_write_error("),
+    },
+    {
+        "title": "Every process of another node preparing the data at once",
+        "mistake": "rank 0 first, then all the others together (`if rank == 0` and a barrier)",
+        "symptom": "where each node has a data directory of its own, its processes download into it together, "
+                   "writing the same files at once (torn archives, failed extractions)",
+        "correct": "rank 0 first, then the first process of each other node (`LOCAL_RANK` 0), then the rest: one "
+                   "writer per directory, and rank 0's copy serves every node where the directory is shared",
+        "fix": [("ddp_basic.py", "    for turn in (rank != 0 and first_of_node, not first_of_node):")],
+        "guards": ["tests/test_cluster.py::test_data_preparation_runs_once_per_node_directory_on_the_first_process_"
+                   "of_the_node[a-directory-per-node]"],
+        "mutation": ("ddp_basic.py", "    for turn in (rank != 0 and first_of_node, not first_of_node):",
+                     "    for turn in (rank != 0, False):"),
     },
     {
         "title": "A process that cannot see the data, silent",
