@@ -63,6 +63,7 @@ VALIDATION_S = 2    # resnet18 scores 500 samples on this machine's CPU (torchvi
 
 
 def nccl_s(gpus):
+    """nccl's set-up and first collective: more GPUs, more to connect."""
     return 2 if gpus == 1 else 4
 
 
@@ -168,6 +169,7 @@ class Compare:
 
 
 def torchrun(nproc, script, args):
+    """torchrun of nproc processes on this machine, one per GPU."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", script, *args]
 
 
@@ -180,24 +182,25 @@ def two_agents(script, args, port, rdzv_id):
 
 
 def world(nproc):
+    """The world column of a run of nproc processes, one per GPU."""
     return "1 process (a world of one)" if nproc == 1 else f"{nproc} processes, 1 per GPU"
 
 
 TWO_ON_ONE = "2 processes on 1 GPU (gloo)"
 
 
-def weights(name, a, b, rtol, needs, world, shows):
+def weights(name, a, b, rtol, needs, where, shows):
     """A Compare of model.pt in run directories a and b: bit for bit (rtol 0), or each floating
     tensor within rtol of b's, relative to its norm."""
     how = "bit for bit" if rtol == 0 else f"each tensor within {rtol:g} of its norm"
     return Compare(name, needs, lambda: weights_agree(Path(a) / "model.pt", Path(b) / "model.pt", rtol),
-                   WEIGHTS_S, world, shows, f"{a}/model.pt against {b}/model.pt, {how}")
+                   WEIGHTS_S, where, shows, f"{a}/model.pt against {b}/model.pt, {how}")
 
 
-def validation(name, run_dir, amp, needs, world, shows):
+def validation(name, run_dir, amp, needs, where, shows):
     """A Compare of a run's last validation with its model.pt scored here in float32."""
     tie, loss = VALIDATION[amp]
-    return Compare(name, needs, lambda: validation_agrees(run_dir, amp), VALIDATION_S, world, shows,
+    return Compare(name, needs, lambda: validation_agrees(run_dir, amp), VALIDATION_S, where, shows,
                    f"{run_dir}/metrics.jsonl against {run_dir}/model.pt scored here in float32: correct counts "
                    f"equal but for ties within {tie:g}, the loss within {loss:g} ({amp})")
 
@@ -626,6 +629,7 @@ def header(gpus, limit):
 
 
 def free_port():
+    """A port free on this machine now, for two agents' rendezvous."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
