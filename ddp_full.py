@@ -9,6 +9,7 @@
     (unset, a restart often fails on stale keys of the reused rendezvous store: pytorch#135712)
 
 To train something else, edit the section "your data and model" and nothing else.
+When several processes or nodes hang or fail: docs/troubleshooting.md.
 
 Each process holds a full copy of the model, reads its own shard of every epoch
 (DistributedSampler), and DDP averages the gradients across processes during backward, so every
@@ -594,6 +595,8 @@ def setup_distributed(args):
     # later (torch.compile does), they would keep it, and gloo's threads, alive to an abort at exit.
     from torch.distributed.nn import functional  # noqa: F401
     gc.freeze()  # what exists now lives to the end: the garbage collector need not walk it again
+    if device.type == "cuda":
+        flight_recorder(args)  # read when the group starts: set before it
     # A collective that waits longer than this ends the job: the most one process may work alone.
     timeout = datetime.timedelta(minutes=args.timeout_min)
     # device_id binds the group to this process's GPU: nccl connects now, not at a first collective.
@@ -604,6 +607,22 @@ def setup_distributed(args):
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
                                 timeout=timeout, device_id=device_id)
     return rank, local_rank, world_size, device
+
+
+def flight_recorder(args):
+    """nccl's flight recorder: each process keeps its last collectives and, when one times out,
+    writes them to --out-dir/nccl_trace_rank_<rank> (docs/troubleshooting.md reads them). Read as
+    the group starts; a variable the user set is kept. torch 2.11 names them TORCH_FR_*, the
+    recorder on by default; older torch reads only the TORCH_NCCL_* names, the recorder off."""
+    dump = str(Path(args.out_dir).resolve() / "nccl_trace_rank_")
+    if tuple(int(n) for n in torch.__version__.split(".")[:2]) >= (2, 11):
+        wanted = {("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"): dump}
+    else:
+        wanted = {("TORCH_NCCL_TRACE_BUFFER_SIZE",): "2000", ("TORCH_NCCL_DUMP_ON_TIMEOUT",): "1",
+                  ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE",): dump}
+    for names, value in wanted.items():
+        if not any(name in os.environ for name in names):
+            os.environ[names[0]] = value
 
 
 def rank0_only(rank, function, *args):

@@ -13,7 +13,7 @@ import ladder  # noqa: E402
 
 # The pages the front page hands its reader on to; each must be linked from README.md.
 MOVED_PAGES = ["docs/flags.md", "docs/checkpoints.md", "docs/clusters.md", "docs/fsdp.md", "docs/benchmarks.md",
-               "docs/your-task.md", "docs/pitfalls.md", "tests/README.md"]
+               "docs/your-task.md", "docs/pitfalls.md", "docs/troubleshooting.md", "tests/README.md"]
 
 
 def pages():
@@ -105,11 +105,11 @@ def test_readme_front_page_is_at_most_8000_characters():
 
 def test_readme_opens_on_the_move_from_one_gpu_to_many():
     # In its first 2,000 characters (the issue's): the three launch commands, the per-process batch
-    # and the learning rate, and where to start reading. Read before any install or test note.
+    # and the learning rate, where to start reading, and where to look when several nodes fail.
     opening = (ROOT / "README.md").read_text()[:2000]
     for needed in ("python single_gpu.py", "torchrun --standalone --nproc_per_node=4 ddp_full.py", "--nnodes=N",
                    "`--batch-size` is per process", "`--lr` is used as given",
-                   "(docs/diffs/2-dataparallel-to-ddp_basic.guided.md)"):
+                   "(docs/diffs/2-dataparallel-to-ddp_basic.guided.md)", "(docs/troubleshooting.md)"):
         assert needed in opening, needed
 
 

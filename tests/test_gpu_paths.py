@@ -138,3 +138,36 @@ def test_deterministic_sets_cublas_cudnn_and_torch_to_their_deterministic_kernel
         torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
         (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.allow_tf32,
          torch.backends.cudnn.allow_tf32) = saved[2:]
+
+
+FLIGHT_RECORDER = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE",
+                   "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_DUMP_ON_TIMEOUT")
+
+
+@pytest.mark.parametrize("script", ["ddp_basic.py", "ddp_amp_accum.py", "ddp_full.py", "fsdp.py"])
+def test_the_flight_recorder_dumps_into_the_out_dir_on_cuda_and_keeps_what_the_user_set(script, monkeypatch,
+                                                                                     tmp_path):
+    # What setup_distributed sets on CUDA before the group starts, by torch's names: TORCH_FR_* from
+    # 2.11 on (the recorder on by default), TORCH_NCCL_* before (off by default: turned on).
+    module = load_script(script)
+    args = module.parse_args(["--out-dir", str(tmp_path)])
+    dump = str(tmp_path.resolve() / "nccl_trace_rank_")
+
+    def set_by(version, **user):
+        for name in FLIGHT_RECORDER:
+            monkeypatch.delenv(name, raising=False)
+        for name, value in user.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setattr(torch, "__version__", version)
+        module.flight_recorder(args)
+        return {name: os.environ[name] for name in FLIGHT_RECORDER if name in os.environ}
+
+    assert set_by("2.14.1+cu130") == {"TORCH_FR_DUMP_TEMP_FILE": dump}
+    assert set_by("2.11.0") == {"TORCH_FR_DUMP_TEMP_FILE": dump}
+    assert set_by("2.4.1") == {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+                               "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": dump}
+    # The user's own settings, by either name, stay as they are.
+    assert set_by("2.14.1", TORCH_NCCL_DEBUG_INFO_TEMP_FILE="/scratch/fr_") == {
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/scratch/fr_"}
+    assert set_by("2.4.1", TORCH_NCCL_TRACE_BUFFER_SIZE="0") == {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "0", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": dump}
