@@ -51,6 +51,11 @@ the same weights, resumes bitwise at an epoch's end and validates exactly. What 
                       mid-epoch)
     agreement         processes that find different checkpoints (nodes that do not share a disk)
                       stop with one line instead of training apart
+    deterministic     --deterministic: runs and resumes that repeat bit for bit on GPUs (slower)
+    flight recorder   on a GPU timeout, nccl's record of each process's last collectives, written
+                      to --out-dir (docs/troubleshooting.md)
+    process failures  a restore that fails in this process (a collective, nccl, the GPU) is its
+                      own line and exit 1, not a checkpoint that does not fit (exit 2)
 """
 import argparse
 import contextlib
@@ -595,6 +600,7 @@ def setup_distributed(args):
     # later (torch.compile does), they would keep it, and gloo's threads, alive to an abort at exit.
     from torch.distributed.nn import functional  # noqa: F401
     gc.freeze()  # what exists now lives to the end: the garbage collector need not walk it again
+    # [optional: flight recorder]
     if device.type == "cuda":
         flight_recorder(args)  # read when the group starts: set before it
     # A collective that waits longer than this ends the job: the most one process may work alone.
@@ -609,6 +615,7 @@ def setup_distributed(args):
     return rank, local_rank, world_size, device
 
 
+# [optional: flight recorder]
 def flight_recorder(args):
     """nccl's flight recorder: each process keeps its last collectives and, when one times out,
     writes them to --out-dir/nccl_trace_rank_<rank> (docs/troubleshooting.md reads them). Read as
@@ -1023,7 +1030,10 @@ def restore(checkpoint, path, model, optimizer, scheduler, scaler, rank, device)
         optimizer.load_state_dict(checkpoint["optimizer"])
         scheduler.load_state_dict(checkpoint["scheduler"])
     except (RuntimeError, ValueError, KeyError) as err:
-        raise restore_error(err, path, rank) from None
+        # [optional: process failures]
+        if (failure := process_failure(err, path, rank)) is not None:
+            raise failure from None
+        raise ConfigError(f"checkpoint {path} does not fit this model: {first_line(err)}") from None
     scaler.load_state_dict(checkpoint["scaler"])
     state = TrainState(**{name: checkpoint[name] for name in SHARED_STATE},
                        **checkpoint["rank_states"][rank])
@@ -1032,17 +1042,17 @@ def restore(checkpoint, path, model, optimizer, scheduler, scaler, rank, device)
     return state
 
 
-def restore_error(err, path, rank):
-    """The line for a restore that failed: a checkpoint that does not fit this model (bad input,
-    which every process meets: exit 2), or a failure of this process or of its group met while
-    loading (a collective, nccl, the GPU: exit 1, naming the rank)."""
+# [optional: process failures]
+def process_failure(err, path, rank):
+    """The line for a restore that failed in this process or its group, not in the checkpoint (a
+    collective, nccl, the GPU: exit 1, naming the rank); None for a checkpoint that does not fit."""
     # dcp.load's CheckpointException holds each rank's exception.
     for cause in [cause for cause, _ in getattr(err, "failures", {}).values()] or [err]:
         failed = isinstance(cause, (dist.DistError, torch.cuda.OutOfMemoryError))
         if failed or "CUDA error" in str(cause):
             return ConfigError(f"restoring {path} failed in this process, not in the checkpoint: "
                                f"{type(cause).__name__}: {first_line(cause)}", status=1, rank=rank)
-    return ConfigError(f"checkpoint {path} does not fit this model: {first_line(err)}")
+    return None
 
 
 def first_line(err):
@@ -1305,6 +1315,7 @@ def configure_cuda(args, device):
     # Tensor cores' convolutions take channels-last tensors: on GPUs, the layout by default.
     if args.channels_last is None:
         args.channels_last = device.type == "cuda"
+    # [optional: deterministic]
     if args.deterministic:
         # The same kernels, and the same sums, on every run: cuBLAS's fixed workspace (read when it
         # first computes, after this), cuDNN's deterministic algorithms and torch's (it warns
@@ -1460,6 +1471,7 @@ def parse_args(argv=None):
                         help="CUDA: float32 matmuls and convolutions on tensor cores (TF32)")
     parser.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction, default=True,
                         help="CUDA: cuDNN times its algorithms per input shape, keeps the fastest")
+    # [optional: deterministic]
     parser.add_argument("--deterministic", action="store_true",
                         help="CUDA: deterministic kernels, no TF32, no autotuning: a run, and a "
                              "resume, repeat bit for bit; slower (docs/checkpoints.md)")

@@ -280,7 +280,7 @@ MANIFEST = {
             "agreed_by_all": "agreement",
             "find_checkpoint": "resume",
             "restore": "restore",
-            "restore_error": "restore",
+            "process_failure": "restore",
             "first_line": "restore",
             "start_or_resume": "restore",
             "stop_run": "midepoch",
