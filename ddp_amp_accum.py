@@ -427,10 +427,8 @@ def rank0_only(rank, function, *args):
 
 
 def rank0_first(rank, function, *args):
-    """Call function on rank 0 first (a download, say), then on the first process of each other
-    node (LOCAL_RANK 0: its node's own disk, or rank 0's copy where the disk is shared), then on
-    the rest: no two processes write one file at once. What a process meets stops all: it reports
-    it, with its rank, and the others stop with it."""
+    """Call function on rank 0 (a download, say), then on each other node's first process, then on
+    the rest: no two write one file at once. An error stops all, reported by who met it."""
     result = rank0_only(rank, function, *args)
     first_of_node = int(os.environ.get("LOCAL_RANK", 0)) == 0
     for turn in (rank != 0 and first_of_node, not first_of_node):
@@ -589,8 +587,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=HelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.formatter_class = HelpFormatter  # --help states each default
     parser.add_argument("--epochs", type=int, default=5, help="passes over the training set")
     parser.add_argument("--batch-size", type=int, default=64,
                         help="samples per process per micro-batch: the global batch is it times "

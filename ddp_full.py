@@ -56,6 +56,9 @@ the same weights, resumes bitwise at an epoch's end and validates exactly. What 
                       to --out-dir (docs/troubleshooting.md)
     process failures  a restore that fails in this process (a collective, nccl, the GPU) is its
                       own line and exit 1, not a checkpoint that does not fit (exit 2)
+    help formatter    --help stating each flag's default
+    value checks      one line before any work for --lr nan, --timeout-min 0 and the like, not a
+                      failure later
 """
 import argparse
 import contextlib
@@ -385,9 +388,8 @@ def evaluate(args, model, loader, device):
 
 
 def broadcast_buffers(model):
-    """Give every process rank 0's buffers (BatchNorm's running statistics): each process updates
-    its own in training. One broadcast per dtype, of all of them laid end to end, not one per buffer
-    (resnet50 has 159)."""
+    """Rank 0's buffers (BatchNorm's statistics, each process's own in training) to every process:
+    one broadcast per dtype, not one per buffer (resnet50 has 159)."""
     by_dtype = {}
     for buffer in model.buffers():
         by_dtype.setdefault(buffer.dtype, []).append(buffer)
@@ -654,10 +656,8 @@ def rank0_only(rank, function, *args):
 
 
 def rank0_first(rank, function, *args):
-    """Call function on rank 0 first (a download, say), then on the first process of each other
-    node (LOCAL_RANK 0: its node's own disk, or rank 0's copy where the disk is shared), then on
-    the rest: no two processes write one file at once. What a process meets stops all: it reports
-    it, with its rank, and the others stop with it."""
+    """Call function on rank 0 (a download, say), then on each other node's first process, then on
+    the rest: no two write one file at once. An error stops all, reported by who met it."""
     result = rank0_only(rank, function, *args)
     first_of_node = int(os.environ.get("LOCAL_RANK", 0)) == 0
     for turn in (rank != 0 and first_of_node, not first_of_node):
@@ -1433,6 +1433,7 @@ def check_task():
         raise ConfigError(f"the section \"your data and model\" has no {'; no '.join(missing)}")
 
 
+# [optional: help formatter]
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """--help states each default; a flag whose default is decided later states it in its help."""
 
@@ -1441,8 +1442,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=HelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.formatter_class = HelpFormatter  # [optional: help formatter]
     parser.add_argument("--epochs", type=int, default=5, help="passes over the training set")
     parser.add_argument("--batch-size", type=int, default=64,
                         help="samples per process per micro-batch: the global batch is it times "
@@ -1544,6 +1545,7 @@ AT_LEAST = {"epochs": 1, "batch_size": 1, "log_interval": 1, "workers": 0, "weig
             "keep_last": 1, "ckpt_epochs": 0}
 
 
+# [optional: value checks]
 POSITIVE = ("lr",
             "bucket_cap_mb",  # [optional: buckets]
             "timeout_min")
@@ -1551,6 +1553,7 @@ POSITIVE = ("lr",
 
 def check_args(args):
     """Reject settings that cannot work before any work is done."""
+    # [optional: value checks]
     for name, value in vars(args).items():
         if isinstance(value, float) and not math.isfinite(value):  # nan and inf fail no comparison
             raise ConfigError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
@@ -1558,6 +1561,7 @@ def check_args(args):
         value = getattr(args, name)
         if value is not None and value < least:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least {least}, got {value}")
+    # [optional: value checks]
     for name in POSITIVE:
         if getattr(args, name) <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive, got "

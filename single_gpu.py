@@ -377,8 +377,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=HelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.formatter_class = HelpFormatter  # --help states each default
     parser.add_argument("--epochs", type=int, default=5, help="passes over the training set")
     parser.add_argument("--batch-size", type=int, default=64, help="samples per optimizer step")
     parser.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd",

@@ -105,10 +105,12 @@ def test_train_one_epoch_starts_within_the_first_third(script):
 
 # Line budgets, whole files, comments and blank lines included (the issue "As light as its lessons"
 # asked for 300, 340, 480, 560, 1,150 and 1,500 lines, and 650 and 900 for ddp_full.py and fsdp.py
-# stripped by their maps: the ladder is above those, tests/README.md says why). A script may shrink; a line
-# more is a reviewed edit of this table, not a creep.
-BUDGETS = {"single_gpu.py": 480, "dataparallel.py": 507, "ddp_basic.py": 637, "ddp_amp_accum.py": 693,
-           "ddp_full.py": 1562, "fsdp.py": 2070}
+# stripped by their maps: the ladder is above those, tests/README.md says why). The whole-file budgets
+# are those the issue "Every script in two layers" decided, with room for the tags and what the GPU and
+# cluster issues add: new code pays for itself by removing old. A script may shrink; a line more is a
+# reviewed edit of this table, not a creep.
+BUDGETS = {"single_gpu.py": 500, "dataparallel.py": 530, "ddp_basic.py": 660, "ddp_amp_accum.py": 720,
+           "ddp_full.py": 1650, "fsdp.py": 2150}
 STRIPPED_BUDGETS = {"ddp_full.py": 954, "fsdp.py": 1337}
 
 

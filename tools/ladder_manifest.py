@@ -58,7 +58,8 @@ MANIFEST = {
             ("group", "Processes and the process group",
              "torchrun starts one process per device. Each reads its rank from the environment, "
              "drives one GPU (set_device) and joins the process group with a timeout; each leaves "
-             "it cleanly, the DDP model released first."),
+             "it cleanly, the DDP model released first. On GPUs nccl's flight recorder is set to "
+             "write each process's last collectives to --out-dir when one times out."),
             ("shard", "Every process reads its own shard",
              "DistributedSampler gives each process every world_size-th sample of one shared "
              "shuffle, so together they read what one process would. set_epoch makes every epoch "
@@ -89,6 +90,7 @@ MANIFEST = {
             "ConfigError": "rank0",
             "log": "rank0",
             "setup_distributed": "group",
+            "flight_recorder": "group",
             "rank0_only": "rank0",
             "rank0_first": "rank0",
             "cleanup_distributed": "group",
@@ -106,8 +108,9 @@ MANIFEST = {
         },
         "removed": {},
         "flags_added": {"--backend", "--local-rank", "--timeout-min"},
-        "mechanisms": {"setup_distributed", "cleanup_distributed", "rank0_only", "rank0_first"},
-        "diff_size": (196, 66),
+        "mechanisms": {"setup_distributed", "cleanup_distributed", "rank0_only", "rank0_first",
+                       "flight_recorder"},
+        "diff_size": (217, 67),
     },
     "ddp_amp_accum.py": {
         "concepts": [
@@ -249,7 +252,8 @@ MANIFEST = {
                            ("change --epochs", "resume"), ("[optional:", "map")],
             "AT_LEAST": "checkpoint",
             "POSITIVE": "buckets",
-            "check_args": [("init_from", "initfrom"), ("", "resume")],
+            "check_args": [("init_from", "initfrom"), ("[optional:", "map"), ("", "resume")],
+            "HelpFormatter": "map",
             "configure_cuda": "restore",
             "cleanup_distributed": "preempt",
             "Preemption": "preempt",
@@ -281,6 +285,8 @@ MANIFEST = {
             "find_checkpoint": "resume",
             "restore": "restore",
             "process_failure": "restore",
+            "flight_recorder": "map",
+            "setup_distributed": [("[optional:", "map")],
             "first_line": "restore",
             "start_or_resume": "restore",
             "stop_run": "midepoch",
@@ -322,7 +328,7 @@ MANIFEST = {
                        "ReadableSamples", "readable_sets", "report_unreadable", "write_error", "check_task",
                        "check_model_fits",
                        "init_weights_from"},
-        "diff_size": (946, 76),
+        "diff_size": (1005, 77),
     },
     "fsdp.py": {
         "concepts": [
@@ -501,7 +507,7 @@ MANIFEST = {
                        "broadcast_buffers", "recompute_in_backward", "buffers_kept", "device_mesh",
                        "find_blocks", "check_units", "shard_units", "compile_model", "initial_values",
                        "own_initialisation"},
-        "diff_size": (636, 128),
+        "diff_size": (623, 128),
     },
 }
 
@@ -536,7 +542,7 @@ BRIEF = {
         ("clip", ["if args.clip_grad_norm > 0:", "scaler.unscale_(optimizer)", "grad_norm = torch.nn.utils"]),
     ],
     "ddp_full.py": [
-        ("validation", ["val_sampler = ShardSampler(", "self.indices = range(rank", ("evaluate", "*for buffer in"),
+        ("validation", ["val_sampler = ShardSampler(", "self.indices = range(rank", ("evaluate", "broadcast_buffers(model)"),
                         "longest = math.ceil(", "for _ in range(math.ceil(longest", "batch = next(batches, None)",
                         "dist.all_reduce(totals)"]),
         ("checkpoint", ["dist.gather_object(per_process", "*checkpoint = {", "rank0_only(rank, atomic_save, checkpoint",
