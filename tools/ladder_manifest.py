@@ -438,7 +438,7 @@ MANIFEST = {
              "for it keeps the sharded checkpoint, which any number of processes loads."),
             FLAGS,
         ],
-        "ahead": {"precision_policies": "precision", "has_batchnorm": "precision", "broadcast_buffers": "hostcopy", "values": "hostcopy",
+        "ahead": {"precision_policies": "precision", "has_batchnorm": "precision", "values": "hostcopy",
                   "recompute_in_backward": "recompute", "own_initialisation": "hostcopy", "init_weights": "hostcopy",
                   "device_mesh": "hsdp", "check_units": "units", "shard_units": "units"},
         "regions": {
@@ -504,7 +504,7 @@ MANIFEST = {
         "flags_removed": {"--bucket-cap-mb": "FSDP gathers and reduce-scatters per unit: no DDP buckets",
                           "--gradient-as-bucket-view": "no DDP buckets to view"},
         "mechanisms": {"shard_model", "precision_policies", "spare_batch", "check_shards", "shard_write_error",
-                       "broadcast_buffers", "recompute_in_backward", "buffers_kept", "device_mesh",
+                       "recompute_in_backward", "buffers_kept", "device_mesh",
                        "find_blocks", "check_units", "shard_units", "compile_model", "initial_values",
                        "own_initialisation"},
         "diff_size": (623, 128),
