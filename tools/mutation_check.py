@@ -3,7 +3,7 @@
 For every entry of tools/pitfalls.py: copy the repository, apply the entry's mutation to the copy,
 run its guard tests against the copy (LADDER_ROOT) and expect them to FAIL. Writes docs/mutations.md.
 
-    .venv/bin/python tools/mutation_check.py            # all (about 7 minutes on 2 cores)
+    .venv/bin/python tools/mutation_check.py            # all (about 25 minutes on 2 AMD EPYC cores)
     .venv/bin/python tools/mutation_check.py 3 6        # only pitfalls 3 and 6
     .venv/bin/python tools/mutation_check.py --check    # all, without rewriting docs/mutations.md (CI)
 

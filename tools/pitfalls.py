@@ -699,7 +699,13 @@ PITFALLS = [
         "guards": ["tests/test_fsdp.py::test_fsdp_low_precision_trains_resnet18_as_ddp_full_with_no_cast_around_"
                    "batchnorm[bf16]"],
         "mutation": ("fsdp.py", "keep = fsdp.MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32)",
-                     "keep = fsdp.MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)"),
+                     # A float32 param_dtype on float32 parameters would be a no-op (FSDP then casts
+                     # unit inputs that autocast casts back, losslessly): put back the hooks instead.
+                     "keep = fsdp.MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32)\n"
+                     "        for layer in model.modules():\n"
+                     "            if isinstance(layer, nn.modules.batchnorm._BatchNorm):\n"
+                     "                layer.register_forward_pre_hook(lambda _, inputs: tuple(x.float() for x in inputs))\n"
+                     "                layer.register_forward_hook(lambda _, inputs, out: out.to(inputs[0].dtype))"),
     },
     {
         "title": "FSDP: BatchNorm in a unit of its own inside the blocks",
