@@ -1,7 +1,7 @@
 """Step 2 of the DDP ladder: the same program on every visible GPU with nn.DataParallel.
 
     python dataparallel.py
-    CUDA_VISIBLE_DEVICES=0,1 python dataparallel.py --data cifar10 --download --model resnet18
+    CUDA_VISIBLE_DEVICES=0,1 python dataparallel.py --model resnet18
 
 To train something else, edit the section "your data and model" and nothing else.
 
@@ -16,6 +16,13 @@ statistics come from GPU 0's chunk alone (the other replicas are discarded after
 A chunk of one sample cannot train BatchNorm at all: torch.chunk splits a batch of 10 on 4 GPUs
 as 3,3,3,1 and a short last batch of 16 on 6 GPUs as 3,3,3,3,3,1. The short last batch is dropped;
 choose a --batch-size whose chunks hold two samples or more.
+
+A copier's map: what deleting each "# [optional: NAME]" gives up (lean/dataparallel.py: all).
+    help formatter    --help stating each flag's default
+    value checks      one line before any work for --lr nan, --epochs 0, an --out-dir it cannot
+                      write to and the like, not a failure later
+    cifar10           --data cifar10 and --download
+    constant lr       --lr-schedule constant: --lr throughout, no warm-up
 """
 import argparse
 import json
@@ -23,7 +30,7 @@ import math
 import os
 import random
 import sys
-import tempfile
+import tempfile  # [optional: value checks]
 import time
 from pathlib import Path
 
@@ -91,7 +98,7 @@ def train(args):
 def main(argv=None):
     try:
         args = parse_args(argv)
-        check_args(args)
+        check_args(args)  # [optional: value checks]
         train(args)
     except ConfigError as err:
         print(f"{Path(__file__).name}: error: {err}", file=sys.stderr, flush=True)
@@ -165,10 +172,13 @@ EVAL_METRICS = ("loss", "acc")
 
 
 def add_task_arguments(parser):
-    parser.add_argument("--data", choices=["synthetic", "cifar10", "imagefolder"],
-                        default="synthetic", help="data set")
+    parser.add_argument("--data", default="synthetic", help="data set", choices=[
+        "synthetic", "imagefolder",
+        "cifar10",  # [optional: cifar10]
+    ])
     parser.add_argument("--data-dir", default="data",
-                        help="root of cifar10, or of an image tree train/<class>/*, val/<class>/*")
+                        help="root of the data (imagefolder: train/<class>/*, val/<class>/*)")
+    # [optional: cifar10]
     parser.add_argument("--download", action="store_true", help="download cifar10 into --data-dir")
     parser.add_argument("--train-samples", type=int, default=None,
                         help="size of the synthetic training set, a cap on a real one "
@@ -209,29 +219,30 @@ def build_datasets(args):
     import torchvision.datasets as datasets  # here: it takes seconds, and synthetic data needs none
     import torchvision.transforms as T
 
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    # Random crops keep 8-100% of an image (ImageNet's recipe); of a small image, 35-100%.
+    scale = (0.08, 1.0) if args.image_size >= 128 else (0.35, 1.0)
+    augment = [T.RandomResizedCrop(args.image_size, scale=scale)]
+    resize = [T.Resize(round(args.image_size * 8 / 7)), T.CenterCrop(args.image_size)]
+    # [optional: cifar10]
     if args.data == "cifar10":
         mean, std = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
         augment, resize = [T.RandomCrop(32, padding=4)], []
-    else:
-        mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-        # Random crops keep 8-100% of an image (ImageNet's recipe); of a small image, 35-100%.
-        scale = (0.08, 1.0) if args.image_size >= 128 else (0.35, 1.0)
-        augment = [T.RandomResizedCrop(args.image_size, scale=scale)]
-        resize = [T.Resize(round(args.image_size * 8 / 7)), T.CenterCrop(args.image_size)]
     to_tensor = [T.ToTensor(), T.Normalize(mean, std)]
     transforms = {"train": T.Compose([*augment, T.RandomHorizontalFlip(), *to_tensor]),
                   "val": T.Compose([*resize, *to_tensor])}
+    hint = "<data-dir>/train/<class>/*, <data-dir>/val/<class>/*"
     try:
-        if args.data == "cifar10":
-            sets = [datasets.CIFAR10(args.data_dir, train=split == "train", download=args.download,
-                                     transform=transforms[split]) for split in ("train", "val")]
-        else:
+        if args.data == "imagefolder":
             sets = [datasets.ImageFolder(os.path.join(args.data_dir, split), transforms[split])
                     for split in ("train", "val")]
+        # [optional: cifar10]
+        if args.data == "cifar10":
+            hint = "add --download"
+            sets = [datasets.CIFAR10(args.data_dir, train=split == "train", download=args.download,
+                                     transform=transforms[split]) for split in ("train", "val")]
     except (RuntimeError, OSError) as err:  # torchvision's "Dataset not found", or no images
-        raise ConfigError(f"no {args.data} data in {args.data_dir!r}: {err} (cifar10: add "
-                          f"--download; imagefolder: <data-dir>/train/<class>/*, "
-                          f"<data-dir>/val/<class>/*)") from None
+        raise ConfigError(f"no {args.data} data in {args.data_dir!r}: {err} ({hint})") from None
     if sets[0].classes != sets[1].classes:
         raise ConfigError(f"train and val class folders differ under {args.data_dir!r}")
     # A cap takes a random subset, the same in every run: an image folder lists its files class by
@@ -341,6 +352,7 @@ def build_optimizer(args, model):
 def lr_factor(args, step, steps_per_epoch):
     """The learning rate of optimizer step `step` (0, 1, ...) as a fraction of --lr. Cosine: a
     linear warm-up while the first, erratic gradients of random weights settle, then decay to 0."""
+    # [optional: constant lr]
     if args.lr_schedule == "constant":
         return 1.0
     warmup = round(args.warmup_epochs * steps_per_epoch)
@@ -368,10 +380,11 @@ def configure_cuda():
 
 
 def prepare_out_dir(args):
-    """Create --out-dir and write a file there: permissions, read-only mounts and a file standing
-    where the directory should be all stop the run now, in one line, not after the last epoch."""
+    """Create --out-dir: a file standing where it should be stops the run now, in one line."""
     try:
         Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+        # [optional: value checks]
+        # A file written there: permissions and read-only mounts stop it now, not after training.
         tempfile.TemporaryFile(dir=args.out_dir).close()
     except OSError as err:
         raise ConfigError(f"cannot write to --out-dir {args.out_dir}: {err.strerror or err}")
@@ -396,6 +409,7 @@ class ConfigError(Exception):
     """Bad input the user can act on: one line and exit status 2, never a traceback."""
 
 
+# [optional: help formatter]
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """--help states each default; a flag whose default is decided later states it in its help."""
 
@@ -405,13 +419,14 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.formatter_class = HelpFormatter  # --help states each default
+    parser.formatter_class = HelpFormatter  # [optional: help formatter]
     parser.add_argument("--epochs", type=int, default=5, help="passes over the training set")
     parser.add_argument("--batch-size", type=int, default=64, help="samples per optimizer step")
     parser.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd",
                         help="SGD with momentum, or AdamW")
     parser.add_argument("--lr", type=float, default=None,
                         help="peak learning rate (default: 0.03 with sgd, 1e-3 with adamw)")
+    # [optional: constant lr]
     parser.add_argument("--lr-schedule", choices=["cosine", "constant"], default="cosine",
                         help="cosine: linear warm-up to --lr, then cosine decay to 0 at the last "
                              "step; constant: --lr throughout, no warm-up")
@@ -441,15 +456,16 @@ def parse_args(argv=None):
     return args
 
 
-# The least value of each numeric setting (None, a default decided later, as --workers', is not
-# checked).
+# [optional: value checks]
+# The least value of each numeric setting (None, a default decided later, is not checked).
 AT_LEAST = {"epochs": 1, "batch_size": 1, "log_interval": 1, "workers": 0, "weight_decay": 0,
             "warmup_epochs": 0}
 
-
+# [optional: value checks]
 POSITIVE = ("lr",)
 
 
+# [optional: value checks]
 def check_args(args):
     """Reject settings that cannot work before any work is done."""
     for name, value in vars(args).items():
@@ -493,7 +509,10 @@ def peak_memory(device):
 
 
 def recipe(args):
-    return (f"optimizer {args.optimizer} | lr {args.lr:g}, schedule {args.lr_schedule} | "
+    schedule = "cosine"
+    # [optional: constant lr]
+    schedule = args.lr_schedule
+    return (f"optimizer {args.optimizer} | lr {args.lr:g}, schedule {schedule} | "
             f"weight decay {args.weight_decay:g}")
 
 

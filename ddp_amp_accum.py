@@ -2,6 +2,7 @@
 
     torchrun --standalone --nproc_per_node=4 ddp_amp_accum.py --amp bf16 --accum-steps 4
     python ddp_amp_accum.py                                     # a world of one process
+    # [optional: legacy launcher]
     python -m torch.distributed.launch --nproc_per_node=4 ddp_amp_accum.py   # the legacy launcher
 
 To train something else, edit the section "your data and model" and nothing else.
@@ -15,6 +16,14 @@ copy takes the same optimizer step. Only rank 0 logs and writes files.
 layout tensor cores want; --accum-steps K sums the gradients of K micro-batches before each
 optimizer step and all-reduces them once, not K times. With the default flags this script trains
 exactly as ddp_basic.py.
+
+A copier's map: what deleting each "# [optional: NAME]" gives up (lean/ddp_amp_accum.py: all).
+    help formatter    --help stating each flag's default
+    value checks      one line before any work for --lr nan, --epochs 0, an --out-dir it cannot
+                      write to and the like, not a failure later
+    cifar10           --data cifar10 and --download
+    constant lr       --lr-schedule constant: --lr throughout, no warm-up
+    legacy launcher   python -m torch.distributed.launch (--local-rank)
 """
 import argparse
 import contextlib
@@ -25,7 +34,7 @@ import math
 import os
 import random
 import sys
-import tempfile
+import tempfile  # [optional: value checks]
 import time
 from pathlib import Path
 
@@ -108,7 +117,7 @@ def train(args):
 def main(argv=None):
     try:
         args = parse_args(argv)
-        check_args(args)
+        check_args(args)  # [optional: value checks]
         train(args)
     except ConfigError as err:
         # Bad input, which every process meets, is one line from rank 0; an error that one process
@@ -223,10 +232,13 @@ EVAL_METRICS = ("loss", "acc")
 
 
 def add_task_arguments(parser):
-    parser.add_argument("--data", choices=["synthetic", "cifar10", "imagefolder"],
-                        default="synthetic", help="data set")
+    parser.add_argument("--data", default="synthetic", help="data set", choices=[
+        "synthetic", "imagefolder",
+        "cifar10",  # [optional: cifar10]
+    ])
     parser.add_argument("--data-dir", default="data",
-                        help="root of cifar10, or of an image tree train/<class>/*, val/<class>/*")
+                        help="root of the data (imagefolder: train/<class>/*, val/<class>/*)")
+    # [optional: cifar10]
     parser.add_argument("--download", action="store_true", help="download cifar10 into --data-dir")
     parser.add_argument("--train-samples", type=int, default=None,
                         help="size of the synthetic training set, a cap on a real one "
@@ -267,29 +279,30 @@ def build_datasets(args):
     import torchvision.datasets as datasets  # here: it takes seconds, and synthetic data needs none
     import torchvision.transforms as T
 
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    # Random crops keep 8-100% of an image (ImageNet's recipe); of a small image, 35-100%.
+    scale = (0.08, 1.0) if args.image_size >= 128 else (0.35, 1.0)
+    augment = [T.RandomResizedCrop(args.image_size, scale=scale)]
+    resize = [T.Resize(round(args.image_size * 8 / 7)), T.CenterCrop(args.image_size)]
+    # [optional: cifar10]
     if args.data == "cifar10":
         mean, std = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
         augment, resize = [T.RandomCrop(32, padding=4)], []
-    else:
-        mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-        # Random crops keep 8-100% of an image (ImageNet's recipe); of a small image, 35-100%.
-        scale = (0.08, 1.0) if args.image_size >= 128 else (0.35, 1.0)
-        augment = [T.RandomResizedCrop(args.image_size, scale=scale)]
-        resize = [T.Resize(round(args.image_size * 8 / 7)), T.CenterCrop(args.image_size)]
     to_tensor = [T.ToTensor(), T.Normalize(mean, std)]
     transforms = {"train": T.Compose([*augment, T.RandomHorizontalFlip(), *to_tensor]),
                   "val": T.Compose([*resize, *to_tensor])}
+    hint = "<data-dir>/train/<class>/*, <data-dir>/val/<class>/*"
     try:
-        if args.data == "cifar10":
-            sets = [datasets.CIFAR10(args.data_dir, train=split == "train", download=args.download,
-                                     transform=transforms[split]) for split in ("train", "val")]
-        else:
+        if args.data == "imagefolder":
             sets = [datasets.ImageFolder(os.path.join(args.data_dir, split), transforms[split])
                     for split in ("train", "val")]
+        # [optional: cifar10]
+        if args.data == "cifar10":
+            hint = "add --download"
+            sets = [datasets.CIFAR10(args.data_dir, train=split == "train", download=args.download,
+                                     transform=transforms[split]) for split in ("train", "val")]
     except (RuntimeError, OSError) as err:  # torchvision's "Dataset not found", or no images
-        raise ConfigError(f"no {args.data} data in {args.data_dir!r}: {err} (cifar10: add "
-                          f"--download; imagefolder: <data-dir>/train/<class>/*, "
-                          f"<data-dir>/val/<class>/*)") from None
+        raise ConfigError(f"no {args.data} data in {args.data_dir!r}: {err} ({hint})") from None
     if sets[0].classes != sets[1].classes:
         raise ConfigError(f"train and val class folders differ under {args.data_dir!r}")
     # A cap takes a random subset, the same in every run: an image folder lists its files class by
@@ -375,8 +388,6 @@ def setup_distributed(args):
     # later (torch.compile does), they would keep it, and gloo's threads, alive to an abort at exit.
     from torch.distributed.nn import functional  # noqa: F401
     gc.freeze()  # what exists now lives to the end: the garbage collector need not walk it again
-    if device.type == "cuda":
-        flight_recorder(args)  # read when the group starts: set before it
     # A collective that waits longer than this ends the job: the most one process may work alone.
     timeout = datetime.timedelta(minutes=args.timeout_min)
     # device_id binds the group to this process's GPU: nccl connects now, not at a first collective.
@@ -387,22 +398,6 @@ def setup_distributed(args):
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
                                 timeout=timeout, device_id=device_id)
     return rank, local_rank, world_size, device
-
-
-def flight_recorder(args):
-    """nccl's flight recorder: each process keeps its last collectives and, when one times out,
-    writes them to --out-dir/nccl_trace_rank_<rank> (docs/troubleshooting.md reads them). Read as
-    the group starts; a variable the user set is kept. torch 2.11 names them TORCH_FR_*, the
-    recorder on by default; older torch reads only the TORCH_NCCL_* names, the recorder off."""
-    dump = str(Path(args.out_dir).resolve() / "nccl_trace_rank_")
-    if tuple(int(n) for n in torch.__version__.split(".")[:2]) >= (2, 11):
-        wanted = {("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"): dump}
-    else:
-        wanted = {("TORCH_NCCL_TRACE_BUFFER_SIZE",): "2000", ("TORCH_NCCL_DUMP_ON_TIMEOUT",): "1",
-                  ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE",): dump}
-    for names, value in wanted.items():
-        if not any(name in os.environ for name in names):
-            os.environ[names[0]] = value
 
 
 def rank0_only(rank, function, *args):
@@ -448,9 +443,8 @@ def rank0_first(rank, function, *args):
 
 
 def cleanup_distributed():
-    """Leave the process group. gloo can abort a finished run at exit ("terminate called without an
-    active exception") if the DDP model outlives the group: out of train()'s scope by now, it is
-    collected first."""
+    """Leave the process group, the DDP model collected first: alive then, gloo can abort a finished
+    run at exit ("terminate called without an active exception")."""
     gc.collect()
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -515,6 +509,7 @@ def build_optimizer(args, model):
 def lr_factor(args, step, steps_per_epoch):
     """The learning rate of optimizer step `step` (0, 1, ...) as a fraction of --lr. Cosine: a
     linear warm-up while the first, erratic gradients of random weights settle, then decay to 0."""
+    # [optional: constant lr]
     if args.lr_schedule == "constant":
         return 1.0
     warmup = round(args.warmup_epochs * steps_per_epoch)
@@ -545,10 +540,11 @@ def configure_cuda(args, device):
 
 
 def prepare_out_dir(args):
-    """Create --out-dir and write a file there: permissions, read-only mounts and a file standing
-    where the directory should be all stop the run now, in one line, not after the last epoch."""
+    """Create --out-dir: a file standing where it should be stops the run now, in one line."""
     try:
         Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+        # [optional: value checks]
+        # A file written there: permissions and read-only mounts stop it now, not after training.
         tempfile.TemporaryFile(dir=args.out_dir).close()
     except OSError as err:
         raise ConfigError(f"cannot write to --out-dir {args.out_dir}: {err.strerror or err}")
@@ -579,6 +575,7 @@ class ConfigError(Exception):
         self.status, self.rank = status, rank
 
 
+# [optional: help formatter]
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """--help states each default; a flag whose default is decided later states it in its help."""
 
@@ -588,7 +585,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.formatter_class = HelpFormatter  # --help states each default
+    parser.formatter_class = HelpFormatter  # [optional: help formatter]
     parser.add_argument("--epochs", type=int, default=5, help="passes over the training set")
     parser.add_argument("--batch-size", type=int, default=64,
                         help="samples per process per micro-batch: the global batch is it times "
@@ -597,6 +594,7 @@ def parse_args(argv=None):
                         help="SGD with momentum, or AdamW")
     parser.add_argument("--lr", type=float, default=None,
                         help="peak learning rate (default: 0.03 with sgd, 1e-3 with adamw)")
+    # [optional: constant lr]
     parser.add_argument("--lr-schedule", choices=["cosine", "constant"], default="cosine",
                         help="cosine: linear warm-up to --lr, then cosine decay to 0 at the last "
                              "step; constant: --lr throughout, no warm-up")
@@ -630,6 +628,7 @@ def parse_args(argv=None):
     parser.add_argument("--timeout-min", type=float, default=30.0,
                         help="minutes a process waits for the others in a collective before the "
                              "job fails (nccl's own default is 10)")
+    # [optional: legacy launcher]
     # torch.distributed.launch passes --local-rank=N (--local_rank before torch 2.0) and sets
     # LOCAL_RANK, as torchrun does: the flag is accepted, and LOCAL_RANK read.
     parser.add_argument("--local-rank", "--local_rank", type=int, default=None,
@@ -645,15 +644,16 @@ def parse_args(argv=None):
     return args
 
 
-# The least value of each numeric setting (None, a default decided later, as --workers', is not
-# checked).
+# [optional: value checks]
+# The least value of each numeric setting (None, a default decided later, is not checked).
 AT_LEAST = {"epochs": 1, "batch_size": 1, "log_interval": 1, "workers": 0, "weight_decay": 0,
             "warmup_epochs": 0, "accum_steps": 1, "clip_grad_norm": 0}
 
-
+# [optional: value checks]
 POSITIVE = ("lr", "timeout_min")
 
 
+# [optional: value checks]
 def check_args(args):
     """Reject settings that cannot work before any work is done."""
     for name, value in vars(args).items():
@@ -699,7 +699,10 @@ def peak_memory(device):
 
 
 def recipe(args):
-    return (f"optimizer {args.optimizer} | lr {args.lr:g}, schedule {args.lr_schedule} | "
+    schedule = "cosine"
+    # [optional: constant lr]
+    schedule = args.lr_schedule
+    return (f"optimizer {args.optimizer} | lr {args.lr:g}, schedule {schedule} | "
             f"weight decay {args.weight_decay:g}")
 
 

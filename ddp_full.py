@@ -2,11 +2,11 @@
 
     torchrun --standalone --nproc_per_node=4 ddp_full.py
     python ddp_full.py                                          # a world of one process
-    # [optional: legacy launcher]
-    python -m torch.distributed.launch --nproc_per_node=4 ddp_full.py   # the legacy launcher
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc_per_node=4 \
         --max-restarts=3 ddp_full.py                            # restarts resume by themselves
     (unset, a restart often fails on stale keys of the reused rendezvous store: pytorch#135712)
+    # [optional: legacy launcher]
+    python -m torch.distributed.launch --nproc_per_node=4 ddp_full.py   # the legacy launcher
 
 To train something else, edit the section "your data and model" and nothing else.
 When several processes or nodes hang or fail: docs/troubleshooting.md.
@@ -26,13 +26,13 @@ Where they do too: augmentation is seeded per sample, the same in any worker, af
 # [optional: preemption, mid-epoch]
 SIGTERM (preemption) stops every process at the same batch, checkpoints and exits 75: requeue me.
 
-A copier's map: a part tagged "# [optional: NAME]" may be deleted, all of it at once: a line that
-is only the tag goes with the statement (or except clause) under it, in a docstring with the line
-under it; a line that ends in the tag goes alone. A tag that names two parts goes with either.
-tools/strip_optional.py does it; tests/test_copiers_map.py shows that what is left still trains
-the same weights, resumes bitwise at an epoch's end and validates exactly. What each NAME gives up:
+A copier's map: a part tagged "# [optional: NAME]" may be deleted, all of it at once: a line that is
+only the tag goes with the statement (or except clause) under it, in a docstring with the lines
+under it to a blank line; a line that ends in the tag goes alone. A tag that names two parts goes
+with either. tools/strip_optional.py does it: lean/ddp_full.py, which tests/test_copiers_map.py
+shows to train the same weights, resume bitwise at an epoch's end and validate exactly. What each
+NAME gives up:
     init-from         --init-from: fine-tuning from a model.pt, a state dict or pretrained weights
-    compile           --compile: faster steps on GPUs, after a minute or more of compiling
     sync-bn           --sync-bn: BatchNorm statistics of the global batch
     buckets           --bucket-cap-mb, --gradient-as-bucket-view: tuning DDP's buckets
     legacy launcher   python -m torch.distributed.launch (--local-rank)
@@ -49,16 +49,16 @@ the same weights, resumes bitwise at an epoch's end and validates exactly. What 
     mid-epoch         --ckpt-steps and --max-steps: checkpoints, stops and resumes within an epoch
     preemption        SIGTERM: a checkpoint at the next batch and exit status 75 (goes with
                       mid-epoch)
-    agreement         processes that find different checkpoints (nodes that do not share a disk)
-                      stop with one line instead of training apart
     deterministic     --deterministic: runs and resumes that repeat bit for bit on GPUs (slower)
     flight recorder   on a GPU timeout, nccl's record of each process's last collectives, written
                       to --out-dir (docs/troubleshooting.md)
     process failures  a restore that fails in this process (a collective, nccl, the GPU) is its
                       own line and exit 1, not a checkpoint that does not fit (exit 2)
     help formatter    --help stating each flag's default
-    value checks      one line before any work for --lr nan, --timeout-min 0 and the like, not a
-                      failure later
+    value checks      one line before any work for --lr nan, --epochs 0, an --out-dir it cannot
+                      write to and the like, not a failure later
+    cifar10           --data cifar10 and --download
+    constant lr       --lr-schedule constant: --lr throughout, no warm-up
 """
 import argparse
 import contextlib
@@ -74,7 +74,7 @@ import re
 import shutil  # [optional: full disk]
 import signal  # [optional: preemption, mid-epoch]
 import sys
-import tempfile
+import tempfile  # [optional: value checks]
 import time
 import zipfile  # [optional: init-from]
 from pathlib import Path
@@ -84,8 +84,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import (DataLoader, Dataset, DistributedSampler, Sampler, Subset,
-                              TensorDataset, default_collate)
+from torch.utils.data import DataLoader, DistributedSampler, Sampler, Subset, TensorDataset
 
 MOMENTUM = 0.9
 AMP_DTYPES = {"none": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -95,12 +94,11 @@ OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.03, "weight_decay": 5e-4},
                       "adamw": {"lr": 1e-3, "weight_decay": 0.05}}
 # A resumed run continues the same training: every setting must match the checkpoint's but these,
 # which change how the run goes on, not what it computes (speed settings change rounding at most).
-# --epochs too, with --lr-schedule constant only: the cosine schedule is laid over --epochs.
 RESUME_MAY_CHANGE = ("workers", "out_dir", "log_interval", "resume", "ckpt_epochs", "keep_last",
                      "ckpt_steps", "max_steps",  # [optional: mid-epoch]
                      "bucket_cap_mb", "gradient_as_bucket_view",  # [optional: buckets]
                      "local_rank",  # [optional: legacy launcher]
-                     "compile",  # [optional: compile]
+                     "compile",
                      "init_from",  # [optional: init-from]
                      "backend", "timeout_min", "channels_last", "tf32", "cudnn_benchmark")
 CHECKPOINT_NAME = re.compile(r"^step_(\d+)\.pt$")
@@ -131,7 +129,7 @@ def train(args):
     # [optional: model check]
     check_model_fits(args, num_outputs, train_set, val_set, world_size)
     train_loader, val_loader = build_loaders(args, train_set, val_set, device, rank, world_size)
-    # Found before the model is built: a checkpoint wins over --init-from.
+    # Found before the model is built: a checkpoint wins over the weights it would start from.
     checkpoint, checkpoint_path = find_checkpoint(args, world_size)
     set_seed(args.seed)
     layout = torch.channels_last if args.channels_last else torch.preserve_format
@@ -141,7 +139,6 @@ def train(args):
         # Rank 0 reads the weights; DDP hands them to every process when it wraps the model.
         rank0_only(rank, init_weights_from, args, model)
     log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
-    # [optional: compile]
     if args.compile:
         # In place, before DDP wraps it: dynamo skips DDP's forward (torch.nn's code), so a compiled
         # wrapper compiles only what DDP calls, nothing of a model whose forward is torch.nn's
@@ -430,10 +427,13 @@ RESUME_MAY_CHANGE_TASK = ("data_dir", "download")
 
 
 def add_task_arguments(parser):
-    parser.add_argument("--data", choices=["synthetic", "cifar10", "imagefolder"],
-                        default="synthetic", help="data set")
+    parser.add_argument("--data", default="synthetic", help="data set", choices=[
+        "synthetic", "imagefolder",
+        "cifar10",  # [optional: cifar10]
+    ])
     parser.add_argument("--data-dir", default="data",
-                        help="root of cifar10, or of an image tree train/<class>/*, val/<class>/*")
+                        help="root of the data (imagefolder: train/<class>/*, val/<class>/*)")
+    # [optional: cifar10]
     parser.add_argument("--download", action="store_true", help="download cifar10 into --data-dir")
     parser.add_argument("--train-samples", type=int, default=None,
                         help="size of the synthetic training set, a cap on a real one "
@@ -474,29 +474,30 @@ def build_datasets(args):
     import torchvision.datasets as datasets  # here: it takes seconds, and synthetic data needs none
     import torchvision.transforms as T
 
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    # Random crops keep 8-100% of an image (ImageNet's recipe); of a small image, 35-100%.
+    scale = (0.08, 1.0) if args.image_size >= 128 else (0.35, 1.0)
+    augment = [T.RandomResizedCrop(args.image_size, scale=scale)]
+    resize = [T.Resize(round(args.image_size * 8 / 7)), T.CenterCrop(args.image_size)]
+    # [optional: cifar10]
     if args.data == "cifar10":
         mean, std = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
         augment, resize = [T.RandomCrop(32, padding=4)], []
-    else:
-        mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-        # Random crops keep 8-100% of an image (ImageNet's recipe); of a small image, 35-100%.
-        scale = (0.08, 1.0) if args.image_size >= 128 else (0.35, 1.0)
-        augment = [T.RandomResizedCrop(args.image_size, scale=scale)]
-        resize = [T.Resize(round(args.image_size * 8 / 7)), T.CenterCrop(args.image_size)]
     to_tensor = [T.ToTensor(), T.Normalize(mean, std)]
     transforms = {"train": T.Compose([*augment, T.RandomHorizontalFlip(), *to_tensor]),
                   "val": T.Compose([*resize, *to_tensor])}
+    hint = "<data-dir>/train/<class>/*, <data-dir>/val/<class>/*"
     try:
-        if args.data == "cifar10":
-            sets = [datasets.CIFAR10(args.data_dir, train=split == "train", download=args.download,
-                                     transform=transforms[split]) for split in ("train", "val")]
-        else:
+        if args.data == "imagefolder":
             sets = [datasets.ImageFolder(os.path.join(args.data_dir, split), transforms[split])
                     for split in ("train", "val")]
+        # [optional: cifar10]
+        if args.data == "cifar10":
+            hint = "add --download"
+            sets = [datasets.CIFAR10(args.data_dir, train=split == "train", download=args.download,
+                                     transform=transforms[split]) for split in ("train", "val")]
     except (RuntimeError, OSError) as err:  # torchvision's "Dataset not found", or no images
-        raise ConfigError(f"no {args.data} data in {args.data_dir!r}: {err} (cifar10: add "
-                          f"--download; imagefolder: <data-dir>/train/<class>/*, "
-                          f"<data-dir>/val/<class>/*)") from None
+        raise ConfigError(f"no {args.data} data in {args.data_dir!r}: {err} ({hint})") from None
     if sets[0].classes != sets[1].classes:
         raise ConfigError(f"train and val class folders differ under {args.data_dir!r}")
     # A cap takes a random subset, the same in every run: an image folder lists its files class by
@@ -677,9 +678,8 @@ def rank0_first(rank, function, *args):
 
 
 def cleanup_distributed():
-    """Leave the process group. gloo can abort a finished run at exit ("terminate called without an
-    active exception") if the DDP model outlives the group: out of train()'s scope by now, it is
-    collected first."""
+    """Leave the process group, the DDP model collected first: alive then, gloo can abort a finished
+    run at exit ("terminate called without an active exception")."""
     # [optional: preemption, mid-epoch]
     PREEMPTION.close()
     gc.collect()
@@ -772,16 +772,15 @@ def build_loaders(args, train_set, val_set, device, rank, world_size):
                                        shuffle=True, seed=args.seed)
     # [optional: mid-epoch]
     train_sampler = ResumableSampler(train_sampler)
-    train_data, val_data = train_set, val_set
     # [optional: unreadable files]
-    train_data, val_data = readable_sets(train_set, val_set)
+    train_set, val_set = readable_sets(train_set, val_set)
     # [optional: seeded samples]
     # Each index comes as (epoch, index), the key of its sample's random augmentation.
-    train_sampler, train_data = EpochKeys(train_sampler), SeededSamples(train_data, args.seed)
+    train_sampler, train_set = EpochKeys(train_sampler), SeededSamples(train_set, args.seed)
     # Validation: each process scores its own shard, unpadded, so that every sample counts once.
     val_sampler = ShardSampler(val_set, world_size, rank)
-    return (DataLoader(train_data, sampler=train_sampler, **loader_args),
-            DataLoader(val_data, sampler=val_sampler, **loader_args))
+    return (DataLoader(train_set, sampler=train_sampler, **loader_args),
+            DataLoader(val_set, sampler=val_sampler, **loader_args))
 
 
 def to_device(batch, device, channels_last):
@@ -851,6 +850,7 @@ def build_optimizer(args, model):
 def lr_factor(args, step, steps_per_epoch):
     """The learning rate of optimizer step `step` (0, 1, ...) as a fraction of --lr. Cosine: a
     linear warm-up while the first, erratic gradients of random weights settle, then decay to 0."""
+    # [optional: constant lr]
     if args.lr_schedule == "constant":
         return 1.0
     warmup = round(args.warmup_epochs * steps_per_epoch)
@@ -961,6 +961,8 @@ def load_checkpoint(path, args, world_size):
         raise ConfigError(f"checkpoint {path} was not written by this script")
     settings, saved = vars(args), checkpoint["config"]
     may_change = RESUME_MAY_CHANGE + RESUME_MAY_CHANGE_TASK
+    # [optional: constant lr]
+    # --epochs too, with a constant schedule only: the cosine schedule is laid over --epochs.
     if args.lr_schedule == "constant":
         may_change += ("epochs",)
     for name in sorted(settings.keys() & saved.keys()):
@@ -974,7 +976,6 @@ def load_checkpoint(path, args, world_size):
     return checkpoint
 
 
-# [optional: agreement]
 def agreed_by_all(find):
     """find_checkpoint on every process, then one collective: all must have found the same. A node
     that misses the newest checkpoint would start afresh while the others resume, and hang."""
@@ -1000,7 +1001,7 @@ def agreed_by_all(find):
     return find_and_agree
 
 
-@agreed_by_all  # [optional: agreement]
+@agreed_by_all
 def find_checkpoint(args, world_size):
     """The checkpoint to resume from and its path, or (None, None) to start afresh."""
     if args.resume == "none":
@@ -1113,7 +1114,7 @@ class EpochKeys(Sampler):
 
 
 # [optional: seeded samples]
-class SeededSamples(Dataset):
+class SeededSamples(torch.utils.data.Dataset):
     """The training set, each sample loaded with random draws that are a pure function of
     (seed, epoch, index): the same crop and flip whichever process or worker loads it, with any
     --workers, any world size, and after a resume.
@@ -1150,7 +1151,7 @@ class SeededSamples(Dataset):
 
 
 # [optional: unreadable files]
-class ReadableSamples(Dataset):
+class ReadableSamples(torch.utils.data.Dataset):
     """Each item (sample, [] or [its file, which could not be read]). In training (stand_in), a
     sample whose file cannot be read (truncated, corrupt, gone) gives its place to the next readable
     one in index order: a choice made from the index alone, so that every exactness promise holds.
@@ -1210,7 +1211,7 @@ def collate_readable(items):
     """(the batch of the readable samples, or None if there is none, the files that were not)."""
     samples = [sample for sample, _ in items if sample is not None]
     unreadable = [name for _, names in items for name in names]
-    return (default_collate(samples) if samples else None), unreadable
+    return (torch.utils.data.default_collate(samples) if samples else None), unreadable
 
 
 # [optional: unreadable files]
@@ -1226,7 +1227,7 @@ def report_unreadable(item, totals, instead):
 
 
 # --- model ----------------------------------------------------------------------------------------
-# Skip on a first reading: the model tried on the data before the first step; --init-from.
+# Skip on a first reading: the model tried on the data before the first step; starting weights.
 
 # [optional: model check]
 def check_model_fits(args, num_outputs, train_set, val_set, world_size):
@@ -1249,9 +1250,10 @@ def check_model_fits(args, num_outputs, train_set, val_set, world_size):
         f", the last of {per_process} samples per process in batches of {args.batch_size}"
     where = ""
     try:
-        evaluate_batch(model, to_device(default_collate([sample]), "meta", False))
+        evaluate_batch(model, to_device(torch.utils.data.default_collate([sample]), "meta", False))
         where = f" (a training batch of {smallest}{why}: try another --batch-size)"
-        batch_loss(model.train(), to_device(default_collate([sample] * smallest), "meta", False))
+        batch = torch.utils.data.default_collate([sample] * smallest)
+        batch_loss(model.train(), to_device(batch, "meta", False))
     except NotImplementedError:
         return  # an operation with no meta implementation: no verdict, the first step will tell
     except (RuntimeError, ValueError, AssertionError, TypeError, IndexError) as err:
@@ -1332,10 +1334,11 @@ def configure_cuda(args, device):
 
 
 def prepare_out_dir(args):
-    """Create --out-dir and write a file there: permissions, read-only mounts and a file standing
-    where the directory should be all stop the run now, in one line, not after the last epoch."""
+    """Create --out-dir: a file standing where it should be stops the run now, in one line."""
     try:
         Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+        # [optional: value checks]
+        # A file written there: permissions and read-only mounts stop it now, not after training.
         tempfile.TemporaryFile(dir=args.out_dir).close()
     except OSError as err:
         raise ConfigError(f"cannot write to --out-dir {args.out_dir}: {err.strerror or err}")
@@ -1452,6 +1455,7 @@ def parse_args(argv=None):
                         help="SGD with momentum, or AdamW")
     parser.add_argument("--lr", type=float, default=None,
                         help="peak learning rate (default: 0.03 with sgd, 1e-3 with adamw)")
+    # [optional: constant lr]
     parser.add_argument("--lr-schedule", choices=["cosine", "constant"], default="cosine",
                         help="cosine: linear warm-up to --lr, then cosine decay to 0 at the last "
                              "step; constant: --lr throughout, no warm-up (a resume may then "
@@ -1476,7 +1480,6 @@ def parse_args(argv=None):
     parser.add_argument("--deterministic", action="store_true",
                         help="CUDA: deterministic kernels, no TF32, no autotuning: a run, and a "
                              "resume, repeat bit for bit; slower (docs/checkpoints.md)")
-    # [optional: compile]
     parser.add_argument("--compile", action="store_true",
                         help="compile the model with torch.compile: faster steps on GPUs after "
                              "a minute or more of compiling; measured slower on CPU (default: off)")
@@ -1537,13 +1540,12 @@ def parse_args(argv=None):
     return args
 
 
-# The least value of each numeric setting (None, a default decided later, as --workers', is not
-# checked).
+# [optional: value checks]
+# The least value of each numeric setting (None, a default decided later, is not checked).
 AT_LEAST = {"epochs": 1, "batch_size": 1, "log_interval": 1, "workers": 0, "weight_decay": 0,
             "warmup_epochs": 0, "accum_steps": 1, "clip_grad_norm": 0,
             "ckpt_steps": 0, "max_steps": 0,  # [optional: mid-epoch]
             "keep_last": 1, "ckpt_epochs": 0}
-
 
 # [optional: value checks]
 POSITIVE = ("lr",
@@ -1557,6 +1559,7 @@ def check_args(args):
     for name, value in vars(args).items():
         if isinstance(value, float) and not math.isfinite(value):  # nan and inf fail no comparison
             raise ConfigError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
+    # [optional: value checks]
     for name, least in AT_LEAST.items():
         value = getattr(args, name)
         if value is not None and value < least:
@@ -1611,7 +1614,10 @@ def peak_memory(device):
 
 
 def recipe(args):
-    return (f"optimizer {args.optimizer} | lr {args.lr:g}, schedule {args.lr_schedule} | "
+    schedule = "cosine"
+    # [optional: constant lr]
+    schedule = args.lr_schedule
+    return (f"optimizer {args.optimizer} | lr {args.lr:g}, schedule {schedule} | "
             f"weight decay {args.weight_decay:g}")
 
 
@@ -1621,7 +1627,7 @@ def log_resume(args, checkpoint_path, state):
         log(f"resumed from {checkpoint_path}: epoch {state.epoch + 1}, step {state.step_in_epoch}")
     if state.epoch >= args.epochs:
         log(f"nothing to train: the run already completed {state.epoch} epochs; start afresh with "
-            f"--resume none or another --out-dir (or, with --lr-schedule constant, raise --epochs)")
+            f"--resume none or another --out-dir")
 
 
 def log_epoch(record, epochs):

@@ -1,12 +1,12 @@
 """The copier's map cannot rot: every part it says a copier may delete can be deleted.
 
-ddp_full.py and fsdp.py, the files users copy, tag their optional parts "# [optional: NAME]" and list
-them, with what each deletion gives up, in their docstrings (the copier's map); tools/strip_optional.py
-deletes them. The stripped copy -- every part deleted -- must train what the full script trains,
-bitwise (the same arithmetic on the same samples, so a deleted part that took part in the default
-run would show), resume bitwise from the checkpoint of an epoch's end, and validate exactly: its
-validation metrics are the full script's, which tests/test_validation.py proves equal to one process
-scoring the whole set.
+Every script tags its optional parts "# [optional: NAME]" and lists them, with what each deletion
+gives up, in its docstring (the copier's map); tools/strip_optional.py deletes them, and lean/ holds
+what it leaves of each script (tests/test_lean.py). What is left must read nothing a deleted part
+defined, and train what the full script trains, bitwise (the same arithmetic on the same samples, so
+a deleted part that took part in the default run would show); lean ddp_full.py and fsdp.py resume
+bitwise from the checkpoint of an epoch's end and validate exactly: their validation metrics are
+the full scripts', which tests/test_validation.py proves equal to one process scoring the whole set.
 """
 import ast
 import re
@@ -23,28 +23,23 @@ sys.path.insert(0, str(ROOT / "tools"))
 import ladder  # noqa: E402
 import strip_optional  # noqa: E402
 
-MAPPED = ["ddp_full.py", "fsdp.py"]  # the files users copy
 # A line of the map: four spaces, the NAME (one or two words), two spaces or more, what it gives up.
 MAP_LINE = re.compile(r"^    (\S+(?: \S+)?)  +\S")
 
 
 def map_names(text):
-    listing = ast.get_docstring(ast.parse(text)).split("What each NAME gives up:", 1)[1]
+    listing = ast.get_docstring(ast.parse(text)).split(strip_optional.MAP, 1)[1]
     return [match.group(1) for line in listing.splitlines() if (match := MAP_LINE.match(line))]
 
 
-@pytest.mark.parametrize("script", MAPPED)
+@pytest.mark.parametrize("script", SCRIPTS)
 def test_the_map_lists_every_tagged_part_and_nothing_else(script):
     text = ladder.read(script, ROOT)
+    assert strip_optional.tags(text), f"{script} tags no optional part"
     assert sorted(map_names(text)) == sorted(strip_optional.tags(text))
 
 
-def test_only_the_scripts_users_copy_carry_a_map():
-    # Steps 1-4 are lessons read whole: nothing in them is optional.
-    assert {script for script in SCRIPTS if strip_optional.tags(ladder.read(script, ROOT))} == set(MAPPED)
-
-
-@pytest.mark.parametrize("script", MAPPED)
+@pytest.mark.parametrize("script", SCRIPTS)
 def test_each_part_deletes_alone_and_the_rest_reads_nothing_it_defined(script):
     text = ladder.read(script, ROOT)
     defined = lambda source: {node.name for node in ast.parse(source).body
@@ -74,10 +69,9 @@ ARGS = ["--batch-size", "8"]  # 2 processes x 8: 12 optimizer steps in each epoc
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script", ["ddp_full.py", "fsdp.py"])
-def test_the_stripped_copy_trains_resumes_and_validates_as_the_full_script(script, runs, tmp_path):
+def test_the_lean_copy_trains_resumes_and_validates_as_the_full_script(script, runs, tmp_path):
     reference = runs.get(REFERENCES[script], script, ARGS, nproc=2)
-    copy = tmp_path / script
-    copy.write_text(strip_optional.strip(ladder.read(script, ROOT)))
+    copy = ROOT / "lean" / script
     straight = tmp_path / "straight"
     check(launch(str(copy), [*TINY, *ARGS, "--out-dir", str(straight)], nproc=2))
     assert_bitwise_equal(reference, straight)

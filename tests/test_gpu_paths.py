@@ -144,7 +144,7 @@ FLIGHT_RECORDER = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORC
                    "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_DUMP_ON_TIMEOUT")
 
 
-@pytest.mark.parametrize("script", ["ddp_basic.py", "ddp_amp_accum.py", "ddp_full.py", "fsdp.py"])
+@pytest.mark.parametrize("script", ["ddp_full.py", "fsdp.py"])
 def test_the_flight_recorder_dumps_into_the_out_dir_on_cuda_and_keeps_what_the_user_set(script, monkeypatch,
                                                                                      tmp_path):
     # What setup_distributed sets on CUDA before the group starts, by torch's names: TORCH_FR_* from

@@ -50,7 +50,7 @@ MANIFEST = {
         "regions": {"docstring": "dataparallel", "build_loaders": "dataparallel", "train": "dataparallel"},
         "removed": {},
         "flags_added": set(),
-        "diff_size": (34, 7),
+        "diff_size": (35, 8),
     },
     "ddp_basic.py": {
         "concepts": [
@@ -58,8 +58,7 @@ MANIFEST = {
             ("group", "Processes and the process group",
              "torchrun starts one process per device. Each reads its rank from the environment, "
              "drives one GPU (set_device) and joins the process group with a timeout; each leaves "
-             "it cleanly, the DDP model released first. On GPUs nccl's flight recorder is set to "
-             "write each process's last collectives to --out-dir when one times out."),
+             "it cleanly, the DDP model released first."),
             ("shard", "Every process reads its own shard",
              "DistributedSampler gives each process every world_size-th sample of one shared "
              "shuffle, so together they read what one process would. set_epoch makes every epoch "
@@ -90,7 +89,6 @@ MANIFEST = {
             "ConfigError": "rank0",
             "log": "rank0",
             "setup_distributed": "group",
-            "flight_recorder": "group",
             "rank0_only": "rank0",
             "rank0_first": "rank0",
             "cleanup_distributed": "group",
@@ -108,9 +106,8 @@ MANIFEST = {
         },
         "removed": {},
         "flags_added": {"--backend", "--local-rank", "--timeout-min"},
-        "mechanisms": {"setup_distributed", "cleanup_distributed", "rank0_only", "rank0_first",
-                       "flight_recorder"},
-        "diff_size": (217, 67),
+        "mechanisms": {"setup_distributed", "cleanup_distributed", "rank0_only", "rank0_first"},
+        "diff_size": (203, 69),
     },
     "ddp_amp_accum.py": {
         "concepts": [
@@ -156,7 +153,7 @@ MANIFEST = {
         "removed": {},
         "flags_added": {"--amp", "--accum-steps", "--clip-grad-norm", "--channels-last"},
         "mechanisms": {"autocast"},
-        "diff_size": (93, 37),
+        "diff_size": (94, 38),
     },
     "ddp_full.py": {
         "concepts": [
@@ -217,10 +214,9 @@ MANIFEST = {
             ("buckets", "DDP's bucket settings",
              "Gradients are all-reduced in buckets as backward fills them; the settings change how "
              "they travel, not what is averaged."),
-            ("map", "The copier's map",
-             "The parts a simpler trainer can do without are tagged \"# [optional: NAME]\"; the "
-             "docstring lists them with what each gives up, and tools/strip_optional.py deletes "
-             "them."),
+            ("flightrec", "A hung collective: nccl's flight recorder",
+             "On GPUs each process keeps its last collectives and, when one times out, writes them "
+             "to --out-dir: which rank stopped where (docs/troubleshooting.md)."),
             FLAGS,
         ],
         "ahead": {
@@ -249,11 +245,10 @@ MANIFEST = {
                            ("--ckpt-steps", "midepoch"), ("--max-steps", "midepoch"),
                            ("--sync-bn", "syncbn"), ("bucket", "buckets"), ("--init-from", "initfrom"),
                            ("--tf32", "restore"), ("--cudnn-benchmark", "restore"), ("--deterministic", "restore"),
-                           ("change --epochs", "resume"), ("[optional:", "map")],
+                           ("change --epochs", "resume")],
             "AT_LEAST": "checkpoint",
             "POSITIVE": "buckets",
-            "check_args": [("init_from", "initfrom"), ("[optional:", "map"), ("", "resume")],
-            "HelpFormatter": "map",
+            "check_args": [("init_from", "initfrom"), ("", "resume")],
             "configure_cuda": "restore",
             "cleanup_distributed": "preempt",
             "Preemption": "preempt",
@@ -262,7 +257,7 @@ MANIFEST = {
             "ShardSampler": "validation",
             "build_loaders": [("ShardSampler", "validation"), ("val_sampler", "validation"),
                               ("Resumable", "midepoch"), ("collate_readable", "reported"),
-                              ("readable", "unreadable"), ("Seeded", "samples"), ("train_data", "validation")],
+                              ("readable", "unreadable"), ("Seeded", "samples")],
             "train_one_epoch": [("def train_one_epoch", "state"), ("first_step", "state"),
                                 ("PREEMPTION", "preempt"),
                                 ("max_steps", "midepoch"), ("ckpt_steps", "midepoch"), ("state", "state"),
@@ -285,8 +280,8 @@ MANIFEST = {
             "find_checkpoint": "resume",
             "restore": "restore",
             "process_failure": "restore",
-            "flight_recorder": "map",
-            "setup_distributed": [("[optional:", "map")],
+            "flight_recorder": "flightrec",
+            "setup_distributed": "flightrec",
             "first_line": "restore",
             "start_or_resume": "restore",
             "stop_run": "midepoch",
@@ -309,14 +304,13 @@ MANIFEST = {
             "train": [("sync_bn", "syncbn"), ("bucket", "buckets"), ("init_from", "initfrom"),
                       ("check_model_fits", "checks"), ("PREEMPTION", "preempt"),
                       ("stop_run", "midepoch"), ("set_start", "midepoch"), ("max_steps", "midepoch"),
-                      ("[optional:", "map"),
                       ("del checkpoint", "restore"), ("start_or_resume(", "restore"),
                       ("find_checkpoint", "resume"), ("log_resume", "resume"),
                       ("A resumed run rewrites", "resume"), ("out_dir = Path", "resume"),
                       ("save_checkpoint", "checkpoint"), ("state", "state"), ("return 0", "state"),
                       ("Every process evaluates its shard", "validation")],
             "main": [("check_task", "checks"), ("what_is_intact", "failures"), ("message", "failures"),
-                     ("return", "midepoch")],
+                     ("check_args", "resume"), ("return", "midepoch")],
         },
         "removed": {},
         "flags_added": {"--resume", "--ckpt-steps", "--ckpt-epochs", "--keep-last", "--max-steps",
@@ -326,9 +320,9 @@ MANIFEST = {
                        "find_checkpoint", "agreed_by_all", "restore", "set_rng_state", "start_or_resume",
                        "ResumableSampler", "stop_run", "Preemption", "EpochKeys", "SeededSamples",
                        "ReadableSamples", "readable_sets", "report_unreadable", "write_error", "check_task",
-                       "check_model_fits",
+                       "check_model_fits", "flight_recorder",
                        "init_weights_from"},
-        "diff_size": (1005, 77),
+        "diff_size": (1011, 80),
     },
     "fsdp.py": {
         "concepts": [
@@ -507,7 +501,7 @@ MANIFEST = {
                        "recompute_in_backward", "buffers_kept", "device_mesh",
                        "find_blocks", "check_units", "shard_units", "compile_model", "initial_values",
                        "own_initialisation"},
-        "diff_size": (623, 128),
+        "diff_size": (634, 132),
     },
 }
 

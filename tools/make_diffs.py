@@ -7,6 +7,8 @@
                                                only its changes (Markdown: GitHub renders it)
     docs/diffs/<n>-<old>-to-<new>.guided.html  the same page as HTML, with edited words marked (offline)
     docs/pitfalls.md                           the pitfall guide, each fix linked to its current line
+    lean/<script>                              each script with its optional parts deleted
+                                               (tools/strip_optional.py)
 
 tests/test_ladder_diffs.py fails when these files differ from what this tool would write now.
 Standard library only.
@@ -23,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ladder  # noqa: E402
 from ladder_manifest import BRIEF, CHANGES_ROUNDING, FRAME, MANIFEST, SHOWN_AT_END, SHOWN_AT_TOP  # noqa: E402
 from pitfalls import PITFALLS  # noqa: E402
+from strip_optional import strip  # noqa: E402
 
 # Two 100-column scripts side by side, with line numbers, fit a 1600-pixel-wide window at 11 px.
 WRAP_COLUMN = 100
@@ -636,6 +639,8 @@ def generated(root=ladder.ROOT):
             files[f"docs/diffs/{name}.guided.md"] = guided_markdown(index, old, new, root)
             files[f"docs/diffs/{name}.guided.html"] = guided_page(index, old, new, root)
     files["docs/pitfalls.md"] = pitfalls_page(root)
+    for script in ladder.LADDER:
+        files[f"lean/{script}"] = strip(ladder.read(script, root))
     return files
 
 

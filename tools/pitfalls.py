@@ -1011,17 +1011,17 @@ PITFALLS = [
     {
         "title": "An optional part that the rest still reads",
         "mistake": "code outside a part's `# [optional: NAME]` tags that reads what the part defines: the "
-                   "recipe line printing `args.compile`, the section \"your data and model\" calling "
+                   "recipe line printing `args.lr_schedule`, the section \"your data and model\" calling "
                    "`read_state_dict` of `--init-from`",
         "symptom": "a copier deletes what the copier's map says may go, and the trainer dies at start-up "
-                   "(`AttributeError: 'Namespace' object has no attribute 'compile'`) or at the first use",
+                   "(`AttributeError: 'Namespace' object has no attribute 'lr_schedule'`) or at the first use",
         "correct": "what a part defines is read inside its own tags only; `tests/test_copiers_map.py` deletes "
                    "each part, then all, checks that no deleted flag or function is read, and runs the rest",
-        "fix": [("ddp_full.py", "    compile           --compile: faster steps on GPUs, after a minute or more of")],
+        "fix": [("ddp_full.py", "    constant lr       --lr-schedule constant: --lr throughout, no warm-up")],
         "guards": ["tests/test_copiers_map.py::test_each_part_deletes_alone_and_the_rest_reads_nothing_it_defined",
-                   "tests/test_copiers_map.py::test_the_stripped_copy_trains_resumes_and_validates_as_the_full_script"],
-        "mutation": ("ddp_full.py", '            f"weight decay {args.weight_decay:g}")\n',
-                     '            f"weight decay {args.weight_decay:g} | compile {args.compile}")\n'),
+                   "tests/test_copiers_map.py::test_the_lean_copy_trains_resumes_and_validates_as_the_full_script"],
+        "mutation": ("ddp_full.py", '    schedule = "cosine"\n    # [optional: constant lr]\n    schedule = args.lr_schedule\n',
+                     '    schedule = args.lr_schedule\n'),
     },
     {
         "title": "BatchNorm given a training batch of one sample",
@@ -1031,10 +1031,9 @@ PITFALLS = [
                    "epoch's end, after the epoch's work, from the processes whose last batch holds one sample",
         "correct": "`check_model_fits` also runs the smallest training batch, in training mode, on the meta "
                    "device: one `error:` line before anything is trained, naming the batch",
-        "fix": [("ddp_full.py", 'batch_loss(model.train(), to_device(default_collate([sample] * smallest), "meta"')],
+        "fix": [("ddp_full.py", '        batch_loss(model.train(), to_device(batch, "meta", False))')],
         "guards": ["tests/test_bad_input.py::"
                    "test_an_epochs_last_batch_of_one_sample_per_process_is_found_before_training"],
-        "mutation": ("ddp_full.py", '        batch_loss(model.train(), to_device(default_collate([sample] * smallest), '
-                                    '"meta", False))\n', ""),
+        "mutation": ("ddp_full.py", '        batch_loss(model.train(), to_device(batch, "meta", False))\n', ""),
     },
 ]

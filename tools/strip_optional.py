@@ -1,14 +1,14 @@
 """Delete the optional parts of a ladder script: what the script tags "# [optional: NAME]".
 
     python tools/strip_optional.py ddp_full.py > my_trainer.py                # every optional part
-    python tools/strip_optional.py ddp_full.py --keep compile > my_trainer.py   # all but compile
+    python tools/strip_optional.py ddp_full.py --keep init-from > my_trainer.py  # all but init-from
 
-The rule, stated in ddp_full.py's and fsdp.py's docstrings with their parts and what each deletion
+The rule, stated in ddp_full.py's and fsdp.py's docstrings, every script listing its parts and what each deletion
 gives up (the copier's map): a line that is only the tag goes, with what it stands above -- the
 statement or except clause that starts on the next line that is not a comment (a whole `if`,
-function or class), or, inside a statement (a docstring), the next line; a line that ends in the
-tag goes alone (a one-line statement, a decorator, an argument, an entry of a literal). A section
-("# --- title") left with no code goes too. A tag may name two parts,
+function or class), or, inside a docstring, the lines up to a blank line or the next tag; a line
+that ends in the tag goes alone (a one-line statement, a decorator, an argument, an entry of a
+literal). A section ("# --- title") left with no code goes too. A tag may name two parts,
 "# [optional: A, B]": what it tags goes when either goes (a part that needs another).
 tests/test_copiers_map.py runs what this leaves.
 """
@@ -42,8 +42,11 @@ def strip(text, names=None):
     lines = text.splitlines(keepends=True)
     # Every statement and except clause, at any depth, by its first line (a decorator's, for a
     # decorated one).
-    extent, decorators = {}, set()
+    extent, decorators, in_docstring = {}, set(), set()
     for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) \
+                and isinstance(node.value.value, str):
+            in_docstring.update(range(node.lineno + 1, node.end_lineno))
         if isinstance(node, (ast.stmt, ast.ExceptHandler)):
             first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
             extent.setdefault(first, node.end_lineno)  # ast.walk meets the outer statement first
@@ -57,7 +60,11 @@ def strip(text, names=None):
             below = number + 1
             while below <= len(lines) and lines[below - 1].lstrip().startswith("#"):
                 below += 1  # the comments that explain the statement go with it
-            drop.update(range(number, extent.get(below, below) + 1))
+            end = extent.get(below, below)
+            if number in in_docstring:  # a paragraph: to a blank line, another tag or the end
+                while end + 1 in in_docstring and lines[end].strip() and not TAG.search(lines[end]):
+                    end += 1
+            drop.update(range(number, end + 1))
         elif number in extent and extent[number] > number and number not in decorators:
             raise ValueError(f"line {number}: a tag at the end of a statement's first line would "
                              f"delete only that line; put it on a line of its own above")

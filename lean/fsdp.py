@@ -1,0 +1,1331 @@
+"""Step 6 of the DDP ladder: the same trainer fully sharded (FSDP2), for models too big for a GPU.
+
+    torchrun --standalone --nproc_per_node=4 fsdp.py
+    python fsdp.py                                              # a world of one process
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc_per_node=4 \
+        --max-restarts=3 fsdp.py                                # restarts resume by themselves
+    (unset, a restart often fails on stale keys of the reused rendezvous store: pytorch#135712)
+    torchrun --standalone --nproc_per_node=3 fsdp.py            # resumes a run of 2 or 4 processes
+
+Needs torch 2.6 or later, where fully_shard became public in torch.distributed.fsdp; on CPU
+(gloo), torch 2.9 or later, where FSDP averages the gradients over gloo.
+
+To train something else, edit the section "your data and model" and nothing else.
+When several processes or nodes hang or fail: docs/troubleshooting.md.
+
+Each process holds 1/world size of every parameter, of its gradient and of the optimizer's state
+(fully_shard, unit by unit: the blocks the section "your data and model" names), reads its own
+shard of every epoch, and gathers a unit's full parameters from all processes before its forward
+and backward, freeing them after; backward reduce-scatters the gradients, so each process steps
+the optimizer on its own shard alone. The model's values are built on rank 0 alone, in its host
+memory: the others build only its shapes (the meta device) and receive their shards.
+
+--amp bf16 keeps the shards in float32 and gathers them in bf16 for compute, with gradients
+reduced in float32 (fp16 adds a GradScaler); a model with BatchNorm gathers them in float32 and
+runs under autocast, as ddp_full.py does; --accum-steps K sums the gradients of K
+micro-batches, reduce-scattering each one's.
+
+Validation, checkpoints and resume are ddp_full.py's, sharded: every process writes its own shard
+of each checkpoint (torch.distributed.checkpoint), and a checkpoint appears, by a rename, only when
+all are written; a run resumes bitwise on as many processes, or on another number, resharded.
+model.pt is the whole model, gathered to rank 0: it loads into the plain model.
+"""
+import argparse
+import collections
+import dataclasses
+import datetime
+import gc
+import importlib
+import json
+import math
+import os
+import pickle
+import random
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.utils.checkpoint
+# Imported before any process group exists: some modules they import take the default group as a
+# default argument, read once at import (see setup_distributed).
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_state_dict, set_model_state_dict,
+                                                     set_state_dict)
+from torch.distributed.device_mesh import init_device_mesh
+# fsdp.fully_shard, fsdp.MixedPrecisionPolicy: public since torch 2.6 (check_torch).
+from torch.distributed import fsdp
+from torch.utils.data import DataLoader, DistributedSampler, Sampler, Subset, TensorDataset
+
+MOMENTUM = 0.9
+AMP_DTYPES = {"none": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# The usual rate and decay of each optimizer: SGD's from the CIFAR recipes; AdamW's rate is
+# PyTorch's default, its decay the vision transformer recipes'.
+OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.03, "weight_decay": 5e-4},
+                      "adamw": {"lr": 1e-3, "weight_decay": 0.05}}
+# A resumed run continues the same training: every setting must match the checkpoint's but these,
+# which change how the run goes on, not what it computes (speed settings change rounding at most).
+RESUME_MAY_CHANGE = ("workers", "out_dir", "log_interval", "resume", "ckpt_epochs", "keep_last",
+                     "compile",
+                     "backend", "timeout_min", "channels_last", "tf32", "cudnn_benchmark")
+# A checkpoint is a directory: one file of shards per process, torch.distributed.checkpoint's
+# .metadata, and train_state.pt (what is not sharded).
+CHECKPOINT_NAME = re.compile(r"^step_(\d+)$")
+
+
+# --- main -----------------------------------------------------------------------------------------
+
+def train(args):
+    rank, local_rank, world_size, device = setup_distributed(args)
+    configure_cuda(args, device)
+    # Every process writes its shards: if one cannot, every process stops now, not after training.
+    rank0_first(rank, prepare_out_dir, args)
+    train_set, val_set, num_outputs = rank0_first(rank, build_datasets, args)
+    train_loader, val_loader = build_loaders(args, train_set, val_set, device, rank, world_size)
+    # Found before the model is built: a checkpoint wins over the weights it would start from.
+    checkpoint, checkpoint_path = find_checkpoint(args, world_size)
+    # Every process builds the model on the meta device (its shapes: no memory, no values); rank 0
+    # alone holds its values, which shard_model hands out as shards (initial_values says which).
+    model = build_on_meta(args, num_outputs)
+    set_seed(args.seed)
+    values = rank0_only(rank, initial_values, args, model, num_outputs, checkpoint is None)
+    # --channels-last reorders the inputs alone: fully_shard takes contiguous parameters only.
+    log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
+    if args.compile:
+        log(f"torch.compile: {compile_model(model)}")
+    units = shard_model(args, model, values, device, world_size, checkpoint is None)
+    del values  # in every process's shards now: free rank 0's host copy
+    # After sharding: the optimizer must hold the sharded parameters (DTensors) that fully_shard
+    # put in the model's place; built before, it would step the freed full ones.
+    optimizer = build_optimizer(args, model)
+    scheduler = build_scheduler(args, optimizer,
+                                steps_per_epoch=math.ceil(len(train_loader) / args.accum_steps))
+    # fp16 needs loss scaling (small gradients underflow in fp16); bf16 has fp32's range and does
+    # not. A disabled scaler passes everything through, so one code path serves all three.
+    scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
+    # The weights came from the same seed everywhere; from here on each process draws its own
+    # random numbers (dropout, augmentation), or all of them would repeat one draw.
+    set_seed(args.seed + rank)
+    state = start_or_resume(args, checkpoint, checkpoint_path, model, optimizer, scheduler,
+                            scaler, train_loader, rank, device)
+    del checkpoint  # its tensors are copied into the model and the optimizer: free the memory
+    log(f"process group {dist.get_backend()} | {world_size} processes | "
+        f"timeout {args.timeout_min:g} min")
+    local, whole = shard_sizes(model)
+    log(f"FSDP: {units} units | this process holds {local / 1e6:.3g} M of {whole / 1e6:.3g} M "
+        f"parameters (1/{whole / local:.3g}), and as much of their gradients and optimizer state")
+    log(f"global batch {args.batch_size * world_size * args.accum_steps} = {args.batch_size} per "
+        f"process x {world_size} processes x {args.accum_steps} accumulation steps | "
+        f"amp {args.amp} | {recipe(args)}")
+    out_dir = Path(args.out_dir)
+    # A resumed run rewrites the records of the epochs its checkpoint has seen, no more.
+    rank0_only(rank, write_metrics, out_dir / "metrics.jsonl", state.history)
+    log_resume(args, checkpoint_path, state)
+
+    for epoch in range(state.epoch, args.epochs):
+        # Without set_epoch the sampler repeats epoch 0's order in every epoch.
+        train_loader.sampler.set_epoch(epoch)
+        state.epoch = epoch
+        train_totals = train_one_epoch(args, model, train_loader, optimizer, scheduler, scaler,
+                                       device, state)
+        # Every process evaluates its shard, as many forwards on each (see evaluate).
+        val_start = time.perf_counter()
+        val_totals = evaluate(args, model, val_loader, device)
+        record = epoch_record(epoch, train_totals, val_totals, state.train_seconds,
+                              time.perf_counter() - val_start, scheduler.get_last_lr()[0])
+        state.history.append(record)
+        # The next epoch begins: from here on a checkpoint resumes at its start.
+        state.epoch, state.step_in_epoch, state.train_seconds = epoch + 1, 0, 0.0
+        state.train_totals = torch.zeros(3, dtype=torch.float64, device=device)
+        state.rng, state.loader_rng = rng_state(), train_loader.generator.get_state()
+        state.epoch_position = 0
+        log_epoch(record, args.epochs)
+        rank0_only(rank, write_metrics, out_dir / "metrics.jsonl", state.history)
+        if epoch + 1 == args.epochs or args.ckpt_epochs and (epoch + 1) % args.ckpt_epochs == 0:
+            save_checkpoint(args, model, optimizer, scheduler, scaler, state)
+
+    # The whole model, gathered from every process's shards to rank 0 alone, on its CPU (the whole
+    # model may not fit its GPU): its keys are the plain model's, and load into it.
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
+                                                                cpu_offload=True))
+    rank0_only(rank, atomic_save, full, out_dir / "model.pt")
+    log(f"saved {out_dir / 'model.pt'}")
+    return 0
+
+
+def main(argv=None):
+    try:
+        check_torch()
+        args = parse_args(argv)
+        check_args(args)
+        return train(args)
+    except ConfigError as err:
+        # Bad input, which every process meets, is one line from rank 0; an error that one process
+        # met is that process's line, naming it (the peers it stopped say nothing).
+        rank = int(os.environ.get("RANK", 0))
+        if err.rank == rank or err.rank is None and rank == 0:
+            who = "" if err.rank is None else f"rank {err.rank}: "
+            message = f"{Path(__file__).name}: error: {who}{err}"
+            # One write: the lines of processes that print at once never run together.
+            sys.stderr.write(message + "\n")
+        return err.status
+    finally:
+        cleanup_distributed()
+
+
+# --- train/eval -----------------------------------------------------------------------------------
+
+def autocast(args, device, model):
+    """The forward in --amp's precision by autocast where FSDP's policy leaves the parameters
+    float32 (a model with BatchNorm: precision_policies); elsewhere the policy casts them."""
+    return torch.autocast(device.type, dtype=AMP_DTYPES[args.amp],
+                          enabled=args.amp != "none" and has_batchnorm(model))
+
+
+def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, state):
+    """Train for the rest of the epoch; return [loss sum, samples, unreadable files] over the
+    epoch, all processes.
+    """
+    model.train()
+    # This process's sums so far in the epoch: zero at its start, or from a mid-epoch checkpoint.
+    totals = state.train_totals.clone()
+    # The epoch's batches: those its first steps took before a resume (on this number of processes
+    # or another), and those left.
+    first_step, start_seconds = state.step_in_epoch, state.train_seconds
+    num_batches = first_step * args.accum_steps + len(loader)
+    num_steps = math.ceil(num_batches / args.accum_steps)
+    first_position, world_size = state.epoch_position, dist.get_world_size()
+    start, start_samples = time.perf_counter(), totals[1].item()
+    for batch_index, batch in enumerate(loader, start=first_step * args.accum_steps):
+        batch = to_device(batch, device, args.channels_last)
+        # Micro-batches form groups of accum_steps; the epoch's last group may be shorter.
+        group_start = batch_index - batch_index % args.accum_steps
+        group_size = min(args.accum_steps, num_batches - group_start)
+        last_in_group = batch_index == group_start + group_size - 1
+        with autocast(args, device, model):
+            loss, count = batch_loss(model, batch)
+        # Every micro-batch's backward reduce-scatters its gradients into this process's shard,
+        # where they add up: between micro-batches a process holds 1/world size of them. (Skipped
+        # until the group's last, with set_requires_gradient_sync(False), FSDP's no_sync, every
+        # process would hold the whole model's gradients between micro-batches, as DDP does.)
+        # Dividing by the group's size makes the summed gradients the mean over the group.
+        scaler.scale(loss / group_size).backward()
+        # A sum weighted by batch size, so a short last batch counts for what it holds.
+        totals[0] += loss.detach().double() * count
+        totals[1] += count
+        if not last_in_group:
+            continue
+        grad_norm = None
+        if args.clip_grad_norm > 0:
+            # Clip true gradients: unscale_ first divides out fp16's loss scale (once a step).
+            scaler.unscale_(optimizer)
+            # The norm before clipping, for the progress line: a rising norm warns of trouble.
+            # Over sharded gradients (DTensors) it is the global norm, every shard's share
+            # all-reduced: the same on every process.
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
+        # With fp16, step() skips the update when a gradient overflowed and update() adapts the
+        # scale; without a scaler (none, bf16) they are a plain optimizer.step() and nothing.
+        scaler.step(optimizer)
+        scaler.update()
+        # The rate this step used, for the progress line; then the schedule moves one step on:
+        # once per optimizer step, not per micro-batch.
+        lr = scheduler.get_last_lr()[0]
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        step = batch_index // args.accum_steps + 1
+        # `state` follows every optimizer step: a checkpoint holds the last one.
+        state.step_in_epoch, state.global_step = step, state.global_step + 1
+        state.train_totals, state.rng = totals.clone(), rng_state()
+        state.epoch_position = first_position + ((step - first_step) * args.accum_steps *
+                                                 args.batch_size * world_size)
+        if step % args.log_interval == 0 or step == num_steps:
+            samples = totals[1].item()  # waits for the GPU: the clock is read after it
+            elapsed = time.perf_counter() - start
+            # full_tensor() is a collective: every process builds the line, rank 0 prints it.
+            norm = "" if grad_norm is None else \
+                f" | grad norm {grad_norm.full_tensor().item():.3g}"
+            # Rank 0's own loss, and its throughput times the number of processes.
+            log(f"epoch {state.epoch + 1}/{args.epochs} step {step}/{num_steps} "
+                f"loss {totals[0].item() / samples:.4f} | lr {lr:.6g}{norm} | "
+                f"{(samples - start_samples) * world_size / elapsed:.0f} samples/s"
+                f"{peak_memory(device)} | "
+                f"eta {format_seconds(elapsed / (step - first_step) * (num_steps - step))}")
+        # After the progress line's wait for the GPU, which the epoch's last step always has.
+        state.train_seconds = start_seconds + time.perf_counter() - start
+    # One all-reduce after the loop turns per-process sums into global ones.
+    epoch_totals = totals.clone()
+    dist.all_reduce(epoch_totals)
+    return epoch_totals
+
+
+@torch.no_grad()
+def evaluate(args, model, loader, device):
+    """Return the sums of EVAL_METRICS, the number of samples and of unreadable files over the
+    whole set: sums, since a mean over batches of different sizes is not the mean over samples.
+    Each process scores its shard; one all-reduce adds them.
+    """
+    # Every process scores its shard with rank 0's buffers (BatchNorm's running statistics), those
+    # of the model saved: FSDP shards parameters, not buffers, and each process updates its own.
+    broadcast_buffers(model)
+    model.eval()
+    totals = torch.zeros(len(EVAL_METRICS) + 2, dtype=torch.float64, device=device)
+    batches = iter(loader)
+    # Shards differ by one sample at most: every process goes round as often as the longest shard
+    # has batches, so that all can agree on a stop. None: past the shard's end.
+    longest = math.ceil(len(loader.dataset) / dist.get_world_size())
+    spare = None
+    for _ in range(math.ceil(longest / args.batch_size)):
+        batch = next(batches, None)
+        if batch is not None:
+            batch = spare = to_device(batch, device, args.channels_last)
+            with autocast(args, device, model):
+                sums, count = evaluate_batch(model, batch)
+            totals[:-2] += sums
+            totals[-2] += count
+        else:
+            # Every forward gathers each unit's parameters from all processes: a process that
+            # skipped one would leave the others waiting in it until --timeout-min ends the run.
+            # Without a batch, it runs the forward on a spare one and discards the result.
+            spare = spare if spare is not None else spare_batch(loader, device, args.channels_last)
+            with autocast(args, device, model):
+                evaluate_batch(model, spare)
+    # The root's parameters stay gathered after its forward, for the backward that follows in
+    # training; none follows here: back to shards.
+    model.reshard()
+    dist.all_reduce(totals)
+    return totals.cpu()  # waits for the GPU: validation's time is read after it
+
+
+def broadcast_buffers(model):
+    """Rank 0's buffers (BatchNorm's statistics, each process's own in training) to every process:
+    one broadcast per dtype, not one per buffer (resnet50 has 159)."""
+    by_dtype = {}
+    for buffer in model.buffers():
+        by_dtype.setdefault(buffer.dtype, []).append(buffer)
+    for buffers in by_dtype.values():
+        flat = torch.cat([buffer.reshape(-1) for buffer in buffers])
+        dist.broadcast(flat, src=0)
+        for buffer, values in zip(buffers, flat.split([buffer.numel() for buffer in buffers])):
+            buffer.copy_(values.view_as(buffer))
+
+
+def spare_batch(loader, device, channels_last):
+    """A batch of one sample of the validation set, for a forward whose result is discarded."""
+    sample = loader.dataset[0]
+    return to_device(torch.utils.data.default_collate([sample]), device, channels_last)
+
+
+def val_record(val_totals):
+    """Validation's means over all samples, and the samples and unreadable files counted."""
+    count = val_totals[-2].item()
+    record = {f"val_{name}": val_totals[i].item() / count for i, name in enumerate(EVAL_METRICS)}
+    return {**record, "val_samples": int(count), "val_unreadable": int(val_totals[-1].item())}
+
+
+def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds, lr):
+    """One line of metrics.jsonl: means over all samples, the samples and unreadable files counted,
+    timings, and the learning rate the schedule has reached."""
+    return {"epoch": epoch + 1, "train_loss": train_totals[0].item() / train_totals[1].item(),
+            "train_unreadable": int(train_totals[2].item()), **val_record(val_totals),
+            "samples_per_sec": train_totals[1].item() / train_seconds,
+            "train_seconds": train_seconds, "val_seconds": val_seconds, "lr": lr}
+
+
+# --- your data and model ------------------------------------------------------------------------
+# The one section to edit to train something else: the task's flags, data sets and model, what a
+# batch costs (the loss) and scores (the metrics). Nothing outside it knows about images, classes
+# or these flags (tests/test_seam.py swaps in another task to prove it).
+
+SYNTHETIC_DEFAULTS = {"train": 4096, "val": 1000}
+NUM_SYNTHETIC_CLASSES = 10
+# Validation reports the mean over all samples of each of these (evaluate_batch returns sums).
+EVAL_METRICS = ("loss", "acc")
+# Settings that say where the data is, not what it is: a resumed run may change them.
+RESUME_MAY_CHANGE_TASK = ("data_dir", "download")
+
+
+def add_task_arguments(parser):
+    parser.add_argument("--data", default="synthetic", help="data set", choices=[
+        "synthetic", "imagefolder",
+    ])
+    parser.add_argument("--data-dir", default="data",
+                        help="root of the data (imagefolder: train/<class>/*, val/<class>/*)")
+    parser.add_argument("--train-samples", type=int, default=None,
+                        help="size of the synthetic training set, a cap on a real one "
+                             f"(default: {SYNTHETIC_DEFAULTS['train']} synthetic, all real)")
+    parser.add_argument("--val-samples", type=int, default=None,
+                        help="likewise for validation "
+                             f"(default: {SYNTHETIC_DEFAULTS['val']} synthetic, all real)")
+    parser.add_argument("--image-size", type=int, default=32,
+                        help="side of the synthetic images and of imagefolder's crops")
+    parser.add_argument("--model", default="cnn",
+                        help="cnn (small, no batch statistics) or a torchvision classification "
+                             "model by name: resnet18, resnet50, convnext_tiny, ... (vit_b_16 at "
+                             "--image-size 224)")
+
+
+def make_synthetic(num_samples, seed, split, size=32):
+    """Images in 10 classes, each a smooth colour pattern under strong noise: a model must learn,
+    and can. A pure function of its arguments, from generators of its own (not the global one)."""
+    patterns = torch.randn(NUM_SYNTHETIC_CLASSES, 3, 4, 4,
+                           generator=torch.Generator().manual_seed(seed))
+    patterns = F.interpolate(patterns, size=(size, size), mode="bilinear", align_corners=False)
+    generator = torch.Generator().manual_seed(seed * 2 + {"train": 1, "val": 2}[split])
+    labels = torch.randint(NUM_SYNTHETIC_CLASSES, (num_samples,), generator=generator)
+    noise = torch.randn(num_samples, 3, size, size, generator=generator)
+    return TensorDataset(0.4 * patterns[labels] + noise, labels)
+
+
+def build_datasets(args):
+    """Return (train_set, val_set, num_outputs); bad data settings are a ConfigError."""
+    for name in ("train_samples", "val_samples", "image_size"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.data == "synthetic":
+        return (make_synthetic(args.train_samples or SYNTHETIC_DEFAULTS["train"], args.seed,
+                               "train", args.image_size),
+                make_synthetic(args.val_samples or SYNTHETIC_DEFAULTS["val"], args.seed, "val",
+                               args.image_size), NUM_SYNTHETIC_CLASSES)
+    import torchvision.datasets as datasets  # here: it takes seconds, and synthetic data needs none
+    import torchvision.transforms as T
+
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    # Random crops keep 8-100% of an image (ImageNet's recipe); of a small image, 35-100%.
+    scale = (0.08, 1.0) if args.image_size >= 128 else (0.35, 1.0)
+    augment = [T.RandomResizedCrop(args.image_size, scale=scale)]
+    resize = [T.Resize(round(args.image_size * 8 / 7)), T.CenterCrop(args.image_size)]
+    to_tensor = [T.ToTensor(), T.Normalize(mean, std)]
+    transforms = {"train": T.Compose([*augment, T.RandomHorizontalFlip(), *to_tensor]),
+                  "val": T.Compose([*resize, *to_tensor])}
+    hint = "<data-dir>/train/<class>/*, <data-dir>/val/<class>/*"
+    try:
+        if args.data == "imagefolder":
+            sets = [datasets.ImageFolder(os.path.join(args.data_dir, split), transforms[split])
+                    for split in ("train", "val")]
+    except (RuntimeError, OSError) as err:  # torchvision's "Dataset not found", or no images
+        raise ConfigError(f"no {args.data} data in {args.data_dir!r}: {err} ({hint})") from None
+    if sets[0].classes != sets[1].classes:
+        raise ConfigError(f"train and val class folders differ under {args.data_dir!r}")
+    # A cap takes a random subset, the same in every run: an image folder lists its files class by
+    # class, and its first files would be its first classes.
+    generator = torch.Generator().manual_seed(args.seed)
+    subsets = [Subset(s, torch.randperm(len(s), generator=generator)[:cap].tolist()) if cap else s
+               for s, cap in zip(sets, (args.train_samples, args.val_samples))]
+    return subsets[0], subsets[1], len(sets[0].classes)
+
+
+class SmallCNN(nn.Module):
+    """A fast CNN without batch statistics, so its output depends on each sample alone."""
+
+    def __init__(self, num_classes):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2),
+            nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(1),
+        )
+        self.classifier = nn.Linear(64, num_classes)
+
+    def forward(self, x):
+        return self.classifier(torch.flatten(self.features(x), 1))
+
+
+def build_model(args, num_outputs):
+    if args.model == "cnn":
+        return SmallCNN(num_outputs)
+    import torchvision.models as models
+
+    # torchvision's registry holds every classification model by name; built untrained.
+    if args.model not in models.list_models(module=models):
+        raise ConfigError(f"unknown --model {args.model!r}: cnn or a torchvision classification "
+                          "model; list them with: python -c \"import torchvision.models as m; "
+                          "print(m.list_models(module=m))\"")
+    return models.get_model(args.model, num_classes=num_outputs)
+
+
+# Rank 0 builds the model's values (build_model) and hands every process its shards. A model too
+# big for one host's memory defines instead init_weights(model): called on every process once the
+# model is sharded and its memory allocated, it sets every parameter and buffer in place (each
+# layer's reset_parameters(), say); none of the model is then whole anywhere.
+init_weights = None
+
+
+def shard_units(model):
+    """The modules fsdp.py shards one by one (units), each gathered whole only while it computes;
+    what is in none is the root's, gathered from the forward to the backward. A torchvision model's
+    are the blocks it repeats (find_blocks); a model of your own returns its own (a transformer's
+    blocks), the CNN its convolutions. Modules that share a parameter (tied weights) go in one unit
+    together, a list, or in none."""
+    if isinstance(model, SmallCNN):
+        return [layer for layer in model.features if isinstance(layer, nn.Conv2d)]
+    return find_blocks(model)
+
+
+def batch_loss(model, batch):
+    """The loss to train on (a mean over the batch), and how many samples the batch holds."""
+    images, labels = batch
+    return F.cross_entropy(model(images), labels), labels.numel()
+
+
+def evaluate_batch(model, batch):
+    """The sums over the batch of each of EVAL_METRICS, and how many samples the batch holds."""
+    images, labels = batch
+    logits = model(images).float()
+    loss = F.cross_entropy(logits, labels, reduction="sum")
+    correct = (logits.argmax(dim=1) == labels).sum()
+    return torch.stack([loss.double(), correct.double()]), labels.numel()
+
+
+# --- distributed ----------------------------------------------------------------------------------
+
+def setup_distributed(args):
+    """Join the process group; return (rank, local_rank, world_size, device).
+
+    torchrun sets RANK (this process among all), LOCAL_RANK (among those on this machine) and
+    WORLD_SIZE. Without them, as under plain `python`, this process is a world of one.
+    """
+    backend = args.backend
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise ConfigError("--backend nccl needs CUDA GPUs and none is available; "
+                          "use --backend gloo on CPU")
+    rank = int(os.environ.get("RANK", 0))
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if backend == "gloo" and world_size > 1 and torch.__version__ < "2.9":
+        # Measured with torch 2.7 and 2.8: over gloo, FSDP summed the processes' gradients where
+        # it meant to average them (pytorch#162338). (torch.__version__ compares as a version.)
+        raise ConfigError(f"over gloo (CPU) needs torch 2.9 or later, where FSDP averages the "
+                          f"gradients (pytorch#162338); this is torch {torch.__version__}")
+    if torch.cuda.is_available():
+        if local_rank >= torch.cuda.device_count():
+            # Met by the processes of too high a local rank only: each that gets here says so.
+            raise ConfigError(f"local rank {local_rank} but only {torch.cuda.device_count()} GPUs "
+                              f"are visible: start at most one process per GPU", rank=rank)
+        # One GPU per process: set_device makes "cuda" mean this process's GPU, for nccl too.
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    # Imported before the group exists, its functions take none as their default group: imported
+    # later (torch.compile does), they would keep it, and gloo's threads, alive to an abort at exit.
+    from torch.distributed.nn import functional  # noqa: F401
+    gc.freeze()  # what exists now lives to the end: the garbage collector need not walk it again
+    # A collective that waits longer than this ends the job: the most one process may work alone.
+    timeout = datetime.timedelta(minutes=args.timeout_min)
+    # device_id binds the group to this process's GPU: nccl connects now, not at a first collective.
+    device_id = device if device.type == "cuda" else None
+    if "RANK" in os.environ:
+        dist.init_process_group(backend, timeout=timeout, device_id=device_id)
+    else:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=timeout, device_id=device_id)
+    return rank, local_rank, world_size, device
+
+
+def rank0_only(rank, function, *args):
+    """Call function on rank 0 alone; a ConfigError it raises stops every process with its line.
+
+    The others wait for rank 0's verdict in a collective, not a barrier: none is left waiting on a
+    peer that has exited. Any other error (a bug) is a traceback on rank 0, the others stop quietly.
+    """
+    result, verdict = None, [None]
+    if rank == 0:
+        try:
+            result = function(*args)
+        except ConfigError as err:
+            verdict = [(str(err), err.status, err.rank)]
+        except Exception:
+            dist.broadcast_object_list([("", 1, 0)], src=0)  # exit status 1, and no line
+            raise
+    dist.broadcast_object_list(verdict, src=0)
+    if verdict[0] is not None:
+        raise ConfigError(*verdict[0])
+    return result
+
+
+def rank0_first(rank, function, *args):
+    """Call function on rank 0 (a download, say), then on each other node's first process, then on
+    the rest: no two write one file at once. An error stops all, reported by who met it."""
+    result = rank0_only(rank, function, *args)
+    first_of_node = int(os.environ.get("LOCAL_RANK", 0)) == 0
+    for turn in (rank != 0 and first_of_node, not first_of_node):
+        error = None
+        if turn:
+            try:
+                result = function(*args)
+            except ConfigError as err:
+                error = (str(err), err.status)
+        errors = [None] * dist.get_world_size()
+        dist.all_gather_object(errors, error)
+        failed = [r for r, e in enumerate(errors) if e is not None]
+        if failed:
+            message, status = errors[rank] or ("", errors[failed[0]][1])
+            raise ConfigError(message, status, rank=rank if errors[rank] else failed[0])
+    return result
+
+
+def release_device_meshes():
+    """Empty DTensor's caches of sharding plans, which keep every device mesh they have seen alive,
+    and with it its process group, whose gloo threads would then run on to an abort at the
+    interpreter's exit. torch's own tests empty them before destroying groups (pytorch#172504)."""
+    # Private names, which another torch may move: one it lacks is passed over (a mesh kept alive
+    # elsewhere would show in tests/test_teardown.py).
+    for module, name in (("torch.distributed.tensor.debug", "_clear_sharding_prop_cache"),
+                         ("torch.distributed.tensor._redistribute",
+                          "clear_redistribute_planner_cache"),
+                         ("torch.distributed.tensor._redistribute",
+                          "_gen_transform_infos.cache_clear"),
+                         ("torch.distributed.tensor._collective_utils",
+                          "MeshTopoInfo.build_from_mesh.cache_clear")):
+        try:
+            clear = importlib.import_module(module)
+            for attribute in name.split("."):
+                clear = getattr(clear, attribute)
+        except (ImportError, AttributeError):
+            continue
+        clear()
+
+
+def cleanup_distributed():
+    """Leave the process group. gloo can abort a finished run at exit ("terminate called without an
+    active exception") if the sharded model outlives the group: out of train()'s scope by now, it
+    is collected first, and DTensor's caches, which hold the device mesh, are emptied."""
+    release_device_meshes()
+    gc.collect()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# --- sharding -------------------------------------------------------------------------------------
+
+def precision_policies(args, model):
+    """FSDP's mixed precision for --amp: the policies of the units and of the root."""
+    dtype = AMP_DTYPES[args.amp]
+    if dtype != torch.float32 and has_batchnorm(model):
+        # BatchNorm computes with float32 weights beside its float32 statistics, and FSDP gives a
+        # unit's parameters one dtype; a unit of its own inside every block would claim FSDP's
+        # forward root when activation checkpointing recomputes the block (torch 2.11 never frees
+        # it: a race on CUDA, docs/fsdp.md). So every unit keeps float32 and autocast casts.
+        keep = fsdp.MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32)
+        return keep, keep
+    # Parameters gathered in --amp's precision, for compute; gradients reduced in float32 (averaged
+    # over processes in bf16, small ones round away); the model's output, the loss's input, float32.
+    policy = fsdp.MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    root_policy = fsdp.MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32,
+                                            output_dtype=torch.float32)
+    return policy, root_policy
+
+
+def has_batchnorm(model):
+    return any(isinstance(module, nn.modules.batchnorm._BatchNorm) for module in model.modules())
+
+
+def shard_model(args, model, values, device, world_size, afresh):
+    """Shard the model (on the meta device) over all processes with fully_shard, unit by unit,
+    then the root; fill every process's shards with its slices of rank 0's values, or let the
+    section's init_weights fill each process's own.
+
+    The units are the modules shard_units names (section "your data and model"): a model's
+    blocks. Before a unit's forward, and again before its backward, its full parameters are
+    gathered from every process's shards, and freed after: a process holds the whole of the unit
+    that computes and of the next, which FSDP gathers ahead, of the rest its shards. What is in no
+    unit (a stem, a classifier) is the root's, gathered from its forward to its backward. Smaller
+    units free memory sooner but send more, smaller messages."""
+    mesh = device_mesh(args, device, world_size)
+    policy, root_policy = precision_policies(args, model)
+    units = check_units(model, shard_units(model))  # the section's units, checked first
+    for unit in units:
+        fsdp.fully_shard(unit if len(unit) > 1 else unit[0], mesh=mesh, mp_policy=policy)
+    fsdp.fully_shard(model, mesh=mesh, mp_policy=root_policy)
+    # Memory for the shards on this process's device, then their values: rank 0 broadcasts each
+    # tensor of its full model in turn and every process keeps its own slice.
+    model.to_empty(device=device)
+    if init_weights is not None:
+        # Every process fills its own shards. On GPUs DTensor draws a shard as its slice of one
+        # random tensor, from one seed; a CPU mesh has no such generator (torch warns), and each
+        # process draws from a seed of its own, or every shard would hold the same numbers.
+        set_seed(args.seed if device.type == "cuda" else args.seed + dist.get_rank())
+        with torch.no_grad():
+            init_weights(model)
+    if not own_initialisation(args, afresh):
+        state = {name: values[name] for name in model.state_dict()} if values is not None else {}
+        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True,
+                                                                    broadcast_from_rank0=True))
+        # Buffers are not sharded; a state dict leaves out those not saved (non-persistent: a
+        # transformer's causal mask, say), which the broadcast must give too (or init_weights).
+        if values is not None:
+            for name, buffer in model.named_buffers():
+                if name in values:
+                    buffer.copy_(values[name])
+    broadcast_buffers(model)
+    return len(units) + 1
+
+
+def find_blocks(model):
+    """The blocks a model repeats, the units shard_units names by default: searched from the root
+    down, the modules built of layers (holding a layer with parameters) whose class the model uses
+    more than once, not inside one another -- ResNet's residual blocks, a ViT's encoder layers,
+    ConvNeXt's and Swin's blocks, MobileNet's. Containers (nn.Sequential, nn.ModuleList,
+    nn.ModuleDict, and classes built on them: a stage, a convolution with its norm) are searched,
+    not taken: a block is what they hold. A model with no blocks (an MLP, VGG) gets its layers
+    (the outermost modules holding parameters of their own)."""
+    containers = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+    uses = collections.Counter(type(module) for module in model.modules())
+
+    def is_layer(module):
+        return any(True for _ in module.parameters(recurse=False))
+
+    def is_block(module):
+        return (not isinstance(module, containers) and uses[type(module)] > 1 and
+                any(is_layer(inner) for inner in module.modules() if inner is not module))
+
+    def search(module, take):
+        for child in module.children():
+            yield from [child] if take(child) else search(child, take)
+
+    blocks = list(search(model, is_block)) or list(search(model, is_layer))
+    # Tied weights are gathered as one: a unit sharing a parameter with the rest is the root's.
+    return [block for block in blocks if not shares_parameters(model, [block])]
+
+
+def shares_parameters(model, modules):
+    """Where outside the modules the model holds one of their parameters too (tied weights): that
+    parameter's name there, or None."""
+    paths = tuple(name + "." for name, inner in model.named_modules(remove_duplicate=False)
+                  if any(inner is module for module in modules))
+    own = {id(param) for module in modules for param in module.parameters()}
+    return next((name for name, param in model.named_parameters(remove_duplicate=False)
+                 if id(param) in own and not name.startswith(paths)), None)
+
+
+def check_units(model, units):
+    """shard_units's units as lists of modules. A unit is a module inside the model, or a list of
+    them gathered as one (modules with tied weights, or small blocks together); every module once,
+    none inside another, and no unit sharing a parameter with a module outside it (tied weights
+    are one tensor: they must be in one unit). Anything else is a ConfigError naming it."""
+    if not isinstance(units, (list, tuple)):  # a forgotten return is None
+        raise ConfigError(f"shard_units returned a {type(units).__name__}, not a list of modules")
+    names = {module: name for name, module in model.named_modules() if name}
+    units = [list(unit) if isinstance(unit, (list, tuple)) else [unit] for unit in units]
+    modules = [module for unit in units for module in unit]
+    for module in modules:
+        if module not in names:
+            raise ConfigError(f"shard_units returned a {type(module).__name__} that is not a "
+                              f"module inside the model" + (" but the model itself, the root, "
+                              "which is always the last unit" if module is model else ""))
+        outer = next((other for other in modules if other is not module and
+                      any(inner is module for inner in other.modules())), None)
+        if outer is not None or modules.count(module) > 1:
+            raise ConfigError(f"shard_units returned {names[module]} " + (
+                f"inside {names[outer]}: units cannot nest" if outer is not None else "twice"))
+    for unit in units:
+        if tied := shares_parameters(model, unit):
+            raise ConfigError(f"shard_units returned {', '.join(names[m] for m in unit)}, which "
+                              f"shares a parameter with {tied} outside it (tied weights): return "
+                              f"both in one unit (a list), or neither (the root then holds them)")
+    return units
+
+
+def compile_model(model):
+    """--compile, in place before fully_shard (the state dict keys stay the model's own, no
+    "_orig_mod."), with static shapes (symbolic ones crash inductor: docs/fsdp.md); what it
+    compiled, for the log. Each unit on its own where the units are blocks of a model without
+    BatchNorm (a transformer's): FSDP's hooks run between the graphs, and none breaks. Otherwise
+    the whole model, as measured when BatchNorm had a unit of its own inside every block (a
+    torch.nn layer as a unit, the CNN's convolutions, is not compiled on its own); dynamo then gives
+    the root's forward up at FSDP's first hook and compiles the blocks' code as it runs."""
+    units = check_units(model, shard_units(model))
+    modules = [module for unit in units for module in unit]
+    if has_batchnorm(model) or any(type(m).__module__.startswith("torch.nn.") for m in modules):
+        model.compile(dynamic=False)
+        return "the whole model (its units are torch.nn layers or it has BatchNorm: docs/fsdp.md)"
+    for module in modules:
+        module.compile(dynamic=False)
+    return f"each of its {len(units)} units on its own"
+
+
+def device_mesh(args, device, world_size):
+    """The processes a unit is sharded over: all of them (FSDP)."""
+    return init_device_mesh(device.type, (world_size,))
+
+
+def shard_sizes(model):
+    """(this process's share, the whole) of the model's parameters, in elements."""
+    local = sum(p.to_local().numel() for p in model.parameters())
+    return local, sum(p.numel() for p in model.parameters())
+
+
+# --- data loading ---------------------------------------------------------------------------------
+
+def build_loaders(args, train_set, val_set, device, rank, world_size):
+    if len(train_set) < world_size:
+        raise ConfigError(f"{world_size} processes but only {len(train_set)} training samples: "
+                          f"every process needs at least one")
+    # Workers read and decode files while the model trains; tensors in memory they would only copy.
+    workers = args.workers
+    if workers is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        # The processes of a node share its CPUs (torchrun sets LOCAL_WORLD_SIZE).
+        cpus //= int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        workers = 0 if isinstance(train_set, TensorDataset) else max(1, min(8, cpus - 1))
+    loader_args = dict(
+        batch_size=args.batch_size,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        # Page-locked host memory lets the copy to the GPU run asynchronously (non_blocking=True).
+        pin_memory=device.type == "cuda",
+        # The loader's own generator seeds its workers, leaving the global RNG to the model.
+        generator=torch.Generator().manual_seed(args.seed + rank),
+    )
+    # Every process draws the same permutation of (seed, epoch) and takes every world_size-th
+    # sample of it from position rank: together they see what one process would see. It pads
+    # with repeated samples until the set divides evenly, so every process runs as many steps.
+    train_sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank,
+                                       shuffle=True, seed=args.seed)
+    # Validation: each process scores its own shard, unpadded, so that every sample counts once.
+    val_sampler = ShardSampler(val_set, world_size, rank)
+    return (DataLoader(train_set, sampler=train_sampler, **loader_args),
+            DataLoader(val_set, sampler=val_sampler, **loader_args))
+
+
+def to_device(batch, device, channels_last):
+    """The batch (a tensor, or tuples, lists and dicts of them) on the device, 4-D tensors in the
+    model's memory order. non_blocking: a copy from pinned memory overlaps the GPU's work."""
+    if isinstance(batch, torch.Tensor):
+        fmt = torch.channels_last if channels_last and batch.dim() == 4 else torch.preserve_format
+        return batch.to(device, non_blocking=True, memory_format=fmt)
+    if isinstance(batch, dict):
+        return {key: to_device(value, device, channels_last) for key, value in batch.items()}
+    return type(batch)(to_device(value, device, channels_last) for value in batch)
+
+
+class ShardSampler(Sampler):
+    """Every world_size-th index from rank, in order, unpadded: each sample once, on one process.
+
+    DistributedSampler pads the set with repeated samples until it divides evenly, or with
+    drop_last=True leaves the remainder out: either skews validation's metrics, counting some
+    samples twice or others never.
+    """
+
+    def __init__(self, dataset, num_replicas, rank):
+        self.indices = range(rank, len(dataset), num_replicas)
+
+    def __iter__(self):
+        return iter(self.indices)
+
+    def __len__(self):
+        return len(self.indices)
+
+
+# --- optimizer and schedule -----------------------------------------------------------------------
+
+def build_optimizer(args, model):
+    """SGD with momentum or AdamW. Weight decay pulls weights toward zero to keep the fit simple:
+    weight matrices and kernels only, not biases and norm weights (as timm and nanoGPT do)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    if args.optimizer == "adamw":
+        # On GPUs one fused kernel updates all parameters (torch's fastest AdamW); else foreach.
+        return torch.optim.AdamW(groups, lr=args.lr, fused=any(p.is_cuda for p in params))
+    return torch.optim.SGD(groups, lr=args.lr, momentum=MOMENTUM)
+
+
+def lr_factor(args, step, steps_per_epoch):
+    """The learning rate of optimizer step `step` (0, 1, ...) as a fraction of --lr. Cosine: a
+    linear warm-up while the first, erratic gradients of random weights settle, then decay to 0."""
+    warmup = round(args.warmup_epochs * steps_per_epoch)
+    if step < warmup:
+        return (step + 1) / warmup
+    total = args.epochs * steps_per_epoch
+    return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(total - warmup, 1)))
+
+
+def build_scheduler(args, optimizer, steps_per_epoch):
+    """The learning-rate schedule: scheduler.step() once per optimizer step, not per batch (with
+    accumulation, several batches make a step)."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(args, step, steps_per_epoch))
+
+
+# --- checkpointing --------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class TrainState:
+    """Where the run stands as of its last optimizer step: what a checkpoint holds besides the
+    model, the optimizer, the schedule and the GradScaler."""
+
+    # The same on every process:
+    epoch: int = 0  # the epoch under way; those before it are done, validation included
+    step_in_epoch: int = 0  # its optimizer steps done
+    global_step: int = 0
+    epoch_position: int = 0  # samples of the epoch's order consumed by all processes together
+    history: list = dataclasses.field(default_factory=list)  # one metrics record per epoch done
+    # Each process's own (rank 0 gathers them):
+    rng: dict = None  # Python's and torch's random states
+    loader_rng: torch.Tensor = None  # the data loader's generator as the epoch began
+    train_totals: torch.Tensor = None  # [loss sum, samples, unreadable] of the epoch so far
+    train_seconds: float = 0.0  # time spent training in the epoch so far
+
+
+SHARED_STATE = ("epoch", "step_in_epoch", "global_step", "epoch_position", "history")
+
+
+PER_PROCESS_STATE = ("rng", "loader_rng", "train_totals", "train_seconds")
+
+
+def rng_state():
+    """This process's global random generators: Python's and torch's (CPU, and CUDA if used)."""
+    return {"python": random.getstate(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None}
+
+
+def set_rng_state(state):
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
+    """Write everything an exact resume needs; every process writes its own shards, in parallel,
+    and rank 0 the rest. The checkpoint appears under its name only when all of it is written."""
+    start, rank = time.perf_counter(), dist.get_rank()
+    # Each process draws its own random numbers and holds its own partial sums: rank 0 gathers
+    # them, and a resume on as many processes gives each back to the process of the same rank.
+    per_process = {name: getattr(state, name) for name in PER_PROCESS_STATE}
+    per_process["train_totals"] = state.train_totals.cpu()
+    gathered = [None] * dist.get_world_size() if rank == 0 else None
+    dist.gather_object(per_process, gathered, dst=0)
+    checkpoint = {
+        # The schedule's position: without it a resumed run would warm up again from step 0.
+        "scheduler": scheduler.state_dict(),
+        "scaler": scaler.state_dict(),
+        **{name: getattr(state, name) for name in SHARED_STATE},
+        "world_size": dist.get_world_size(),
+        "config": vars(args),
+        "rank_states": gathered,
+    }
+    ckpt_dir = Path(args.out_dir) / "checkpoints"
+    path = ckpt_dir / f"step_{state.global_step:09d}"
+    # Written under another name, renamed when complete: list_checkpoints never sees a torn one.
+    tmp = ckpt_dir / f".{path.name}.tmp"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)  # what a write cut short left
+    dist.barrier()  # dcp.save then makes it anew, on every process: each writes its own file there
+    # Buffers (BatchNorm's running statistics) are not sharded, and each process has updated its
+    # own: dcp.save keeps one copy, from whichever process its plan picks. Rank 0's, those of the
+    # model validated and saved, go to every process first, so the copy kept is rank 0's.
+    broadcast_buffers(model)
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    try:
+        # Sharded state dicts: each process's DTensors hold its shards. dcp.save writes them, one
+        # file per process, and rank 0 the .metadata that says where each shard of each tensor
+        # lies, so that any number of processes can read them back (torch.save on one process
+        # would keep its shards alone). It returns on every process once all is written.
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp)
+        # Each process writes into --out-dir on its own node: the checkpoint is whole only where
+        # all nodes see one file system. Rank 0 must find every shard, or every process stops.
+        rank0_only(rank, check_shards, tmp, "; every node must write to the same --out-dir, on a "
+                   "file system all nodes see")
+        # Rank 0 writes; the others wait for its verdict: a write that fails stops all here.
+        rank0_only(rank, atomic_save, checkpoint, tmp / "train_state.pt")
+    except ConfigError:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)  # a partial checkpoint is no checkpoint
+        raise
+    if rank == 0:
+        # A directory is renamed in one step, but not onto one that exists: one written at the same
+        # step before (a stop right after a checkpoint) goes aside first.
+        old = ckpt_dir / f".{path.name}.old"
+        if path.exists():
+            shutil.rmtree(old, ignore_errors=True)  # what a stop during a rename left
+            os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+        # The lowest steps go, never the one just written (a run afresh among a longer one's).
+        for old in [p for p in list_checkpoints(ckpt_dir) if p != path][args.keep_last - 1:]:
+            shutil.rmtree(old)
+    where = f"end of epoch {state.epoch}" if state.step_in_epoch == 0 else \
+        f"epoch {state.epoch + 1} step {state.step_in_epoch}"
+    log(f"checkpoint {path} ({where}) in {time.perf_counter() - start:.2f} s")
+
+
+def list_checkpoints(ckpt_dir):
+    """Complete checkpoints, newest first. A write in progress has another name until its rename."""
+    found = [(int(m.group(1)), p) for p in Path(ckpt_dir).glob("step_*")
+             if (m := CHECKPOINT_NAME.match(p.name)) and p.is_dir()]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def check_shards(path, advice=""):
+    """A ConfigError unless every shard file the checkpoint's .metadata names is there, whole
+    (checked against the sizes it records, before anything is loaded)."""
+    try:
+        metadata = dcp.FileSystemReader(path).read_metadata()
+        for info in metadata.storage_data.values():
+            size = (Path(path) / info.relative_path).stat().st_size
+            if size < info.offset + info.length:
+                raise ConfigError(f"checkpoint {path} cannot be read: {info.relative_path} is cut "
+                                  f"short ({size} bytes){advice}")
+    except (OSError, ValueError, EOFError, pickle.UnpicklingError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"checkpoint {path} cannot be read: {reason}{advice}") from None
+
+
+def load_checkpoint(path, args):
+    """Read and check a checkpoint; anything wrong with it is a ConfigError naming the file."""
+    try:
+        # To the CPU, whatever the device: random states must stay CPU tensors (set_rng_state
+        # takes no other), and load_state_dict copies optimizer state to the model's device.
+        # weights_only: tensors and plain containers only, so loading a file runs no code from it.
+        checkpoint = torch.load(Path(path) / "train_state.pt", map_location="cpu",
+                                weights_only=True)
+    except Exception as err:  # weights_only runs nothing from the file: what fails is the file
+        reason = (str(err).strip().splitlines() or [""])[0]
+        raise ConfigError(f"checkpoint {path} cannot be read: {type(err).__name__} {reason}") \
+            from None
+    if not isinstance(checkpoint, dict) or "rank_states" not in checkpoint:
+        raise ConfigError(f"checkpoint {path} was not written by this script")
+    check_shards(path)
+    settings, saved = vars(args), checkpoint["config"]
+    may_change = RESUME_MAY_CHANGE + RESUME_MAY_CHANGE_TASK
+    for name in sorted(settings.keys() & saved.keys()):
+        if saved[name] != settings[name] and name not in may_change:
+            raise ConfigError(f"checkpoint {path} is from a run with --{name.replace('_', '-')} "
+                              f"{saved[name]}, this run has {settings[name]}")
+    return checkpoint
+
+
+def agreed_by_all(find):
+    """find_checkpoint on every process, then one collective: all must have found the same. A node
+    that misses the newest checkpoint would start afresh while the others resume, and hang."""
+
+    def find_and_agree(args, world_size):
+        try:
+            checkpoint, path = find(args, world_size)
+            found = f"{Path(path).name} (step {checkpoint['global_step']})" if path else "none"
+            view = (found, None)
+        except ConfigError as err:
+            checkpoint, path, view = None, None, (None, str(err))
+        views = [None] * world_size
+        dist.all_gather_object(views, view)
+        for rank, (found, error) in enumerate(views):
+            if error is not None:
+                raise ConfigError(error if rank == 0 else f"on rank {rank}: {error}")
+            if found != views[0][0]:
+                raise ConfigError(f"processes disagree on the checkpoint to resume from: rank 0 "
+                                  f"finds {views[0][0]}, rank {rank} finds {found}; every node "
+                                  f"must see the same --out-dir")
+        return checkpoint, path
+
+    return find_and_agree
+
+
+@agreed_by_all
+def find_checkpoint(args, world_size):
+    """The checkpoint to resume from and its path, or (None, None) to start afresh."""
+    if args.resume == "none":
+        return None, None
+    if args.resume != "auto":
+        return load_checkpoint(args.resume, args), args.resume
+    candidates = list_checkpoints(Path(args.out_dir) / "checkpoints")
+    reasons = []
+    for path in candidates:
+        try:
+            return load_checkpoint(path, args), path
+        except ConfigError as err:
+            # A torn or foreign file is reported and passed over for the one before it.
+            log(f"skipping: {err}")
+            reasons.append(str(err))
+    if candidates:
+        raise ConfigError(f"no usable checkpoint in {Path(args.out_dir) / 'checkpoints'} (newest: "
+                          f"{reasons[0]}); start afresh with --resume none (old checkpoints may "
+                          f"then be deleted) or another --out-dir")
+    return None, None
+
+
+def restore(checkpoint, path, model, optimizer, scheduler, scaler, rank, device):
+    """Load a checkpoint into the sharded model and the rest; return the TrainState it holds."""
+    try:
+        # Each process reads the shards it holds now, whichever processes wrote them: a
+        # checkpoint of 2 processes loads on 3, resharded. dcp.load fills the state dicts in place
+        # (get_state_dict gives the optimizer its state first, so that there is one to fill).
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        sharded = {"model": model_state, "optimizer": optimizer_state}
+        dcp.load(sharded, checkpoint_id=path)
+        set_state_dict(model, optimizer, model_state_dict=sharded["model"],
+                       optim_state_dict=sharded["optimizer"])
+        scheduler.load_state_dict(checkpoint["scheduler"])
+    except (RuntimeError, ValueError, KeyError, dcp.api.CheckpointException) as err:
+        raise ConfigError(f"checkpoint {path} does not fit this model: {first_line(err)}") from None
+    scaler.load_state_dict(checkpoint["scaler"])
+    rank_states = checkpoint["rank_states"]
+    if len(rank_states) == dist.get_world_size():
+        own = rank_states[rank]
+    else:
+        # Another number of processes: no process's random states and partial sums are this
+        # one's. It keeps the random states it has (seeded with seed + rank), and rank 0 takes the
+        # sums of all, so that the epoch's totals stay whole.
+        own = {**rank_states[0], "rng": rng_state(), "loader_rng": None,
+               "train_totals": sum(r["train_totals"] for r in rank_states) if rank == 0 else
+               torch.zeros_like(rank_states[0]["train_totals"])}
+    state = TrainState(**{name: checkpoint[name] for name in SHARED_STATE}, **own)
+    set_rng_state(state.rng)
+    state.train_totals = state.train_totals.to(device)
+    return state
+
+
+def first_line(err):
+    return (str(err).strip() or type(err).__name__).splitlines()[0]
+
+
+def start_or_resume(args, checkpoint, path, model, optimizer, scheduler, scaler, train_loader,
+                    rank, device):
+    """The TrainState to start from: a fresh one, or the checkpoint's with all it holds restored."""
+    if checkpoint is None:
+        return TrainState(rng=rng_state(), loader_rng=train_loader.generator.get_state(),
+                          train_totals=torch.zeros(3, dtype=torch.float64, device=device))
+    state = restore(checkpoint, path, model, optimizer, scheduler, scaler, rank, device)
+    if state.loader_rng is None:
+        state.loader_rng = train_loader.generator.get_state()
+    else:
+        train_loader.generator.set_state(state.loader_rng)
+    if checkpoint["world_size"] != dist.get_world_size():
+        # Another number of processes takes another number of steps per epoch (the global batch
+        # is another): the schedule goes on from the same fraction of the run, as the data goes on
+        # from the same sample (epoch_position).
+        steps_per_epoch = math.ceil(len(train_loader) / args.accum_steps)
+        done = state.epoch + state.epoch_position / len(train_loader.dataset)
+        scheduler.last_epoch = round(done * steps_per_epoch) - 1
+        scheduler.step()
+    return state
+
+
+# --- model ----------------------------------------------------------------------------------------
+# Skip on a first reading: the model tried on the data before the first step; starting weights.
+
+
+def own_initialisation(args, afresh):
+    """Whether each process initialises its own shards: where the section defines init_weights."""
+    return init_weights is not None
+
+
+def initial_values(args, model, num_outputs, afresh):
+    """Rank 0's values for the shards, {name: tensor} of the state dict and of the buffers it
+    leaves out; None where each process initialises its own (own_initialisation). build_model's,
+    the job's one copy in host memory."""
+    if own_initialisation(args, afresh):
+        return None
+    full_model = build_model(args, num_outputs)
+    return {**full_model.state_dict(), **dict(full_model.named_buffers())}
+
+
+def build_on_meta(args, num_outputs):
+    """The model on the meta device: its shapes, without memory or values. A model whose
+    construction reads values (.item(), a condition on a tensor) cannot be built there: one line."""
+    try:
+        with torch.device("meta"):
+            return build_model(args, num_outputs)
+    except (RuntimeError, NotImplementedError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"the model cannot be built on the meta device, where every process "
+                          f"builds its shapes: {reason}; compute what its __init__ needs from its "
+                          f"arguments, not from tensor values") from None
+
+
+# --- machinery ------------------------------------------------------------------------------------
+# Skip on a first reading: the GPU's speed settings, files, flags, and what a run prints.
+
+def configure_cuda(args, device):
+    # Tensor cores' convolutions take channels-last tensors: on GPUs, the layout by default.
+    if args.channels_last is None:
+        args.channels_last = device.type == "cuda"
+    # TF32: float32 matmuls and convolutions on tensor cores, several times faster from Ampere on.
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32
+    # cuDNN times its algorithms for each new input shape and keeps the fastest: its choice may
+    # differ from run to run, and with it a GPU run's last bits.
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
+
+
+def prepare_out_dir(args):
+    """Create --out-dir: a file standing where it should be stops the run now, in one line."""
+    try:
+        Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"cannot write to --out-dir {args.out_dir}: {err.strerror or err}")
+
+
+def atomic_save(obj, path):
+    """Write obj (bytes, or what torch.save takes) to a temporary file, flushed to the disk, then
+    rename it: a reader sees the old file or the new, never half of one, even after a power cut. A
+    write that fails leaves the old file and no temporary one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            if isinstance(obj, bytes):
+                f.write(obj)
+            else:
+                torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_metrics(path, history):
+    atomic_save("".join(json.dumps(record) + "\n" for record in history).encode(), path)
+
+
+class ConfigError(Exception):
+    """An error the user can act on: one line and a non-zero exit, never a traceback. Without a
+    rank, every process meets it (bad input) and rank 0 reports it; one that a process may meet
+    alone (a GPU it cannot see) names its rank, and that process reports it."""
+
+    def __init__(self, message, status=2, rank=None):
+        super().__init__(message)
+        self.status, self.rank = status, rank
+
+
+def check_torch():
+    """fully_shard became public in torch.distributed.fsdp in torch 2.6: older, one line says so."""
+    if not hasattr(fsdp, "fully_shard"):
+        raise ConfigError(f"needs torch 2.6 or later (fully_shard in torch.distributed.fsdp); this "
+                          f"is torch {torch.__version__}: pip install -U torch torchvision")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--epochs", type=int, default=5, help="passes over the training set")
+    parser.add_argument("--batch-size", type=int, default=64,
+                        help="samples per process per micro-batch: the global batch is it times "
+                             "the processes and the accumulation steps")
+    parser.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd",
+                        help="SGD with momentum, or AdamW")
+    parser.add_argument("--lr", type=float, default=None,
+                        help="peak learning rate (default: 0.03 with sgd, 1e-3 with adamw)")
+    parser.add_argument("--warmup-epochs", type=float, default=1.0,
+                        help="epochs of linear warm-up of the cosine schedule")
+    parser.add_argument("--weight-decay", type=float, default=None,
+                        help="decay of weight matrices and kernels, not of biases and norm "
+                             "weights (default: 5e-4 with sgd, 0.05 with adamw)")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the model, data and shuffle")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="data loader processes (default: none for tensors in memory; for "
+                             "files, one per CPU but one, 1 to 8)")
+    parser.add_argument("--out-dir", default=None, help="output folder (default: runs/<script>)")
+    parser.add_argument("--log-interval", type=int, default=20,
+                        help="optimizer steps between progress lines")
+    parser.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=True,
+                        help="CUDA: float32 matmuls and convolutions on tensor cores (TF32)")
+    parser.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction, default=True,
+                        help="CUDA: cuDNN times its algorithms per input shape, keeps the fastest")
+    parser.add_argument("--compile", action="store_true",
+                        help="compile the model with torch.compile: faster steps on GPUs after "
+                             "a minute or more of compiling; measured slower on CPU. Each unit on "
+                             "its own for a model without BatchNorm whose units are its blocks (a "
+                             "transformer's); else the whole model (default: off)")
+    add_task_arguments(parser)
+    parser.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none",
+                        help="gather the parameters in this precision for forward and backward "
+                             "(gradients reduced in float32); fp16 adds a GradScaler")
+    parser.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
+                        help="4-D inputs in channels-last memory order; FSDP keeps the weights "
+                             "contiguous, converted in each pass (default: on GPUs)")
+    parser.add_argument("--accum-steps", type=int, default=1,
+                        help="micro-batches whose gradients are summed before each optimizer step")
+    parser.add_argument("--clip-grad-norm", type=float, default=0.0,
+                        help="clip the global gradient norm to this value; 0 turns clipping off")
+    parser.add_argument("--resume", default="auto",
+                        help="auto: the newest readable checkpoint in <out-dir>/checkpoints, if "
+                             "any; none: start afresh; or the path of a checkpoint")
+    parser.add_argument("--ckpt-epochs", type=int, default=1,
+                        help="checkpoint every this many epochs and after the last; 0: the last")
+    parser.add_argument("--keep-last", type=int, default=3, help="checkpoints kept; older go")
+    parser.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
+                        help="process group backend; auto is nccl with CUDA, gloo without")
+    parser.add_argument("--timeout-min", type=float, default=30.0,
+                        help="minutes a process waits for the others in a collective before the "
+                             "job fails (nccl's own default is 10)")
+    args = parser.parse_args(argv)
+    if args.out_dir is None:
+        args.out_dir = os.path.join("runs", Path(__file__).stem)
+    # The optimizers want rates and decays of different sizes: the chosen one's, unless given.
+    for name, value in OPTIMIZER_DEFAULTS[args.optimizer].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return args
+
+
+def check_args(args):
+    """Reject settings that cannot work before any work is done."""
+    if args.resume not in ("auto", "none") and not os.path.isdir(args.resume):
+        raise ConfigError(f"--resume {args.resume!r}: no such checkpoint directory")
+
+
+def set_seed(seed):
+    """Seed every generator the training code draws from (Python's and torch's, CPU and CUDA)."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def log(message):
+    """Print on rank 0 only: every process runs this code, and one copy of each line is enough."""
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(message, flush=True)
+
+
+def format_seconds(seconds):
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def describe(model):
+    millions = sum(p.numel() for p in model.parameters()) / 1e6
+    return f"{type(model).__name__} ({millions:.2f} M parameters)"
+
+
+def peak_memory(device):
+    """For progress lines: the most memory this process's tensors have held on the GPU so far."""
+    if device.type != "cuda":
+        return ""
+    return f" | peak memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB"
+
+
+def recipe(args):
+    schedule = "cosine"
+    return (f"optimizer {args.optimizer} | lr {args.lr:g}, schedule {schedule} | "
+            f"weight decay {args.weight_decay:g}")
+
+
+def log_resume(args, checkpoint_path, state):
+    """Say where a resumed run goes on, or that it already completed every epoch."""
+    if checkpoint_path is not None:
+        log(f"resumed from {checkpoint_path}: epoch {state.epoch + 1}, step {state.step_in_epoch}")
+    if state.epoch >= args.epochs:
+        log(f"nothing to train: the run already completed {state.epoch} epochs; start afresh with "
+            f"--resume none or another --out-dir")
+
+
+def log_epoch(record, epochs):
+    metrics = " ".join(f"val_{name} {record[f'val_{name}']:.4f}" for name in EVAL_METRICS)
+    unreadable = record.get("train_unreadable", 0) + record["val_unreadable"]  # epoch 0: val only
+    skipped = f" | unreadable files skipped: {unreadable}" if unreadable else ""
+    log(f"epoch {record['epoch']}/{epochs} train_loss {record['train_loss']:.4f} {metrics} "
+        f"({record['val_samples']} samples) | {record['samples_per_sec']:.0f} samples/s{skipped}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,432 @@
+"""Step 1 of the DDP ladder: a complete training program on one device (CUDA if present, else CPU).
+
+    python single_gpu.py
+    python single_gpu.py --data imagefolder --data-dir ~/imagenette --model resnet18 --epochs 30
+
+To train something else, edit the section "your data and model" and nothing else.
+"""
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, RandomSampler, Subset, TensorDataset
+
+MOMENTUM = 0.9
+# The usual rate and decay of each optimizer: SGD's from the CIFAR recipes; AdamW's rate is
+# PyTorch's default, its decay the vision transformer recipes'.
+OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.03, "weight_decay": 5e-4},
+                      "adamw": {"lr": 1e-3, "weight_decay": 0.05}}
+
+
+# --- main -----------------------------------------------------------------------------------------
+
+def train(args):
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    configure_cuda()
+    # If the results cannot be written, stop now, not after training.
+    prepare_out_dir(args)
+    train_set, val_set, num_outputs = build_datasets(args)
+    train_loader, val_loader = build_loaders(args, train_set, val_set, device)
+    set_seed(args.seed)
+    model = build_model(args, num_outputs).to(device)
+    log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
+    if args.compile:
+        # In place: the model keeps its class and its state_dict keys (torch.compile(model) would
+        # return a wrapper that prefixes every key with "_orig_mod."), so model.pt loads anywhere.
+        model.compile()
+    optimizer = build_optimizer(args, model)
+    scheduler = build_scheduler(args, optimizer, steps_per_epoch=len(train_loader))
+    log(f"global batch {args.batch_size} | {recipe(args)}")
+
+    out_dir, history = Path(args.out_dir), []  # history: metrics.jsonl's records
+    for epoch in range(args.epochs):
+        # Each epoch's order is a pure function of (seed, epoch): the same in every run.
+        train_loader.sampler.generator.manual_seed(args.seed + epoch)
+        epoch_start = time.perf_counter()
+        train_totals = train_one_epoch(args, model, train_loader, optimizer, scheduler, device,
+                                       epoch)
+        val_start = time.perf_counter()
+        val_totals = evaluate(args, model, val_loader, device)
+        record = epoch_record(epoch, train_totals, val_totals, val_start - epoch_start,
+                              time.perf_counter() - val_start, scheduler.get_last_lr()[0])
+        history.append(record)
+        write_metrics(out_dir / "metrics.jsonl", history)
+        log_epoch(record, args.epochs)
+
+    atomic_save(model.state_dict(), out_dir / "model.pt")
+    log(f"saved {out_dir / 'model.pt'}")
+
+
+def main(argv=None):
+    try:
+        args = parse_args(argv)
+        train(args)
+    except ConfigError as err:
+        print(f"{Path(__file__).name}: error: {err}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
+# --- train/eval -----------------------------------------------------------------------------------
+
+def train_one_epoch(args, model, loader, optimizer, scheduler, device, epoch):
+    """Train for one epoch; return [loss sum, samples] over the epoch."""
+    model.train()
+    totals = torch.zeros(2, dtype=torch.float64, device=device)
+    start = time.perf_counter()
+    for batch_index, batch in enumerate(loader):
+        batch = to_device(batch, device)
+        loss, count = batch_loss(model, batch)
+        loss.backward()
+        optimizer.step()
+        # The rate this step used, for the progress line; then the schedule moves one step on.
+        lr = scheduler.get_last_lr()[0]
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        # A sum weighted by batch size, so a short last batch counts for what it holds.
+        totals[0] += loss.detach().double() * count
+        totals[1] += count
+        step = batch_index + 1
+        if step % args.log_interval == 0 or step == len(loader):
+            samples = totals[1].item()  # waits for the GPU: the clock is read after it
+            elapsed = time.perf_counter() - start
+            log(f"epoch {epoch + 1}/{args.epochs} step {step}/{len(loader)} "
+                f"loss {totals[0].item() / samples:.4f} | lr {lr:.6g} | "
+                f"{samples / elapsed:.0f} samples/s{peak_memory(device)} | "
+                f"eta {format_seconds(elapsed / step * (len(loader) - step))}")
+    return totals
+
+
+@torch.no_grad()
+def evaluate(args, model, loader, device):
+    """Return the sums of EVAL_METRICS and the number of samples over the loader: sums, since a
+    mean over batches of different sizes is not the mean over samples."""
+    model.eval()
+    totals = torch.zeros(len(EVAL_METRICS) + 1, dtype=torch.float64, device=device)
+    for batch in loader:
+        sums, count = evaluate_batch(model, to_device(batch, device))
+        totals[:-1] += sums
+        totals[-1] += count
+    return totals.cpu()  # waits for the GPU: validation's time is read after it
+
+
+def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds, lr):
+    """One line of metrics.jsonl: means over all samples, the validation samples counted, timings,
+    and the learning rate the schedule has reached."""
+    count = val_totals[-1].item()
+    val = {f"val_{name}": val_totals[i].item() / count for i, name in enumerate(EVAL_METRICS)}
+    return {"epoch": epoch + 1, "train_loss": train_totals[0].item() / train_totals[1].item(),
+            **val, "val_samples": int(count),
+            "samples_per_sec": train_totals[1].item() / train_seconds,
+            "train_seconds": train_seconds, "val_seconds": val_seconds, "lr": lr}
+
+
+# --- your data and model ------------------------------------------------------------------------
+# The one section to edit to train something else: the task's flags, data sets and model, what a
+# batch costs (the loss) and scores (the metrics). Nothing outside it knows about images, classes
+# or these flags (tests/test_seam.py swaps in another task to prove it).
+
+SYNTHETIC_DEFAULTS = {"train": 4096, "val": 1000}
+NUM_SYNTHETIC_CLASSES = 10
+# Validation reports the mean over all samples of each of these (evaluate_batch returns sums).
+EVAL_METRICS = ("loss", "acc")
+
+
+def add_task_arguments(parser):
+    parser.add_argument("--data", default="synthetic", help="data set", choices=[
+        "synthetic", "imagefolder",
+    ])
+    parser.add_argument("--data-dir", default="data",
+                        help="root of the data (imagefolder: train/<class>/*, val/<class>/*)")
+    parser.add_argument("--train-samples", type=int, default=None,
+                        help="size of the synthetic training set, a cap on a real one "
+                             f"(default: {SYNTHETIC_DEFAULTS['train']} synthetic, all real)")
+    parser.add_argument("--val-samples", type=int, default=None,
+                        help="likewise for validation "
+                             f"(default: {SYNTHETIC_DEFAULTS['val']} synthetic, all real)")
+    parser.add_argument("--image-size", type=int, default=32,
+                        help="side of the synthetic images and of imagefolder's crops")
+    parser.add_argument("--model", default="cnn",
+                        help="cnn (small, no batch statistics) or a torchvision classification "
+                             "model by name: resnet18, resnet50, convnext_tiny, ... (vit_b_16 at "
+                             "--image-size 224)")
+
+
+def make_synthetic(num_samples, seed, split, size=32):
+    """Images in 10 classes, each a smooth colour pattern under strong noise: a model must learn,
+    and can. A pure function of its arguments, from generators of its own (not the global one)."""
+    patterns = torch.randn(NUM_SYNTHETIC_CLASSES, 3, 4, 4,
+                           generator=torch.Generator().manual_seed(seed))
+    patterns = F.interpolate(patterns, size=(size, size), mode="bilinear", align_corners=False)
+    generator = torch.Generator().manual_seed(seed * 2 + {"train": 1, "val": 2}[split])
+    labels = torch.randint(NUM_SYNTHETIC_CLASSES, (num_samples,), generator=generator)
+    noise = torch.randn(num_samples, 3, size, size, generator=generator)
+    return TensorDataset(0.4 * patterns[labels] + noise, labels)
+
+
+def build_datasets(args):
+    """Return (train_set, val_set, num_outputs); bad data settings are a ConfigError."""
+    for name in ("train_samples", "val_samples", "image_size"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+    if args.data == "synthetic":
+        return (make_synthetic(args.train_samples or SYNTHETIC_DEFAULTS["train"], args.seed,
+                               "train", args.image_size),
+                make_synthetic(args.val_samples or SYNTHETIC_DEFAULTS["val"], args.seed, "val",
+                               args.image_size), NUM_SYNTHETIC_CLASSES)
+    import torchvision.datasets as datasets  # here: it takes seconds, and synthetic data needs none
+    import torchvision.transforms as T
+
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    # Random crops keep 8-100% of an image (ImageNet's recipe); of a small image, 35-100%.
+    scale = (0.08, 1.0) if args.image_size >= 128 else (0.35, 1.0)
+    augment = [T.RandomResizedCrop(args.image_size, scale=scale)]
+    resize = [T.Resize(round(args.image_size * 8 / 7)), T.CenterCrop(args.image_size)]
+    to_tensor = [T.ToTensor(), T.Normalize(mean, std)]
+    transforms = {"train": T.Compose([*augment, T.RandomHorizontalFlip(), *to_tensor]),
+                  "val": T.Compose([*resize, *to_tensor])}
+    hint = "<data-dir>/train/<class>/*, <data-dir>/val/<class>/*"
+    try:
+        if args.data == "imagefolder":
+            sets = [datasets.ImageFolder(os.path.join(args.data_dir, split), transforms[split])
+                    for split in ("train", "val")]
+    except (RuntimeError, OSError) as err:  # torchvision's "Dataset not found", or no images
+        raise ConfigError(f"no {args.data} data in {args.data_dir!r}: {err} ({hint})") from None
+    if sets[0].classes != sets[1].classes:
+        raise ConfigError(f"train and val class folders differ under {args.data_dir!r}")
+    # A cap takes a random subset, the same in every run: an image folder lists its files class by
+    # class, and its first files would be its first classes.
+    generator = torch.Generator().manual_seed(args.seed)
+    subsets = [Subset(s, torch.randperm(len(s), generator=generator)[:cap].tolist()) if cap else s
+               for s, cap in zip(sets, (args.train_samples, args.val_samples))]
+    return subsets[0], subsets[1], len(sets[0].classes)
+
+
+class SmallCNN(nn.Module):
+    """A fast CNN without batch statistics, so its output depends on each sample alone."""
+
+    def __init__(self, num_classes):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(2),
+            nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(1),
+        )
+        self.classifier = nn.Linear(64, num_classes)
+
+    def forward(self, x):
+        return self.classifier(torch.flatten(self.features(x), 1))
+
+
+def build_model(args, num_outputs):
+    if args.model == "cnn":
+        return SmallCNN(num_outputs)
+    import torchvision.models as models
+
+    # torchvision's registry holds every classification model by name; built untrained.
+    if args.model not in models.list_models(module=models):
+        raise ConfigError(f"unknown --model {args.model!r}: cnn or a torchvision classification "
+                          "model; list them with: python -c \"import torchvision.models as m; "
+                          "print(m.list_models(module=m))\"")
+    return models.get_model(args.model, num_classes=num_outputs)
+
+
+def batch_loss(model, batch):
+    """The loss to train on (a mean over the batch), and how many samples the batch holds."""
+    images, labels = batch
+    return F.cross_entropy(model(images), labels), labels.numel()
+
+
+def evaluate_batch(model, batch):
+    """The sums over the batch of each of EVAL_METRICS, and how many samples the batch holds."""
+    images, labels = batch
+    logits = model(images).float()
+    loss = F.cross_entropy(logits, labels, reduction="sum")
+    correct = (logits.argmax(dim=1) == labels).sum()
+    return torch.stack([loss.double(), correct.double()]), labels.numel()
+
+
+# --- data loading ---------------------------------------------------------------------------------
+
+def build_loaders(args, train_set, val_set, device):
+    # Workers read and decode files while the model trains; tensors in memory they would only copy.
+    workers = args.workers
+    if workers is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        workers = 0 if isinstance(train_set, TensorDataset) else max(1, min(8, cpus - 1))
+    loader_args = dict(
+        batch_size=args.batch_size,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        # Page-locked host memory lets the copy to the GPU run asynchronously (non_blocking=True).
+        pin_memory=device.type == "cuda",
+        # The loader's own generator seeds its workers, leaving the global RNG to the model.
+        generator=torch.Generator().manual_seed(args.seed),
+    )
+    # The shuffle draws from a generator of its own, which train() reseeds every epoch.
+    train_sampler = RandomSampler(train_set, generator=torch.Generator())
+    return (DataLoader(train_set, sampler=train_sampler, **loader_args),
+            DataLoader(val_set, shuffle=False, **loader_args))
+
+
+def to_device(batch, device):
+    """The batch (a tensor, or tuples, lists and dicts of them) on the device. non_blocking: a copy
+    from pinned memory overlaps the GPU's work."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {key: to_device(value, device) for key, value in batch.items()}
+    return type(batch)(to_device(value, device) for value in batch)
+
+
+# --- optimizer and schedule -----------------------------------------------------------------------
+
+def build_optimizer(args, model):
+    """SGD with momentum or AdamW. Weight decay pulls weights toward zero to keep the fit simple:
+    weight matrices and kernels only, not biases and norm weights (as timm and nanoGPT do)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    if args.optimizer == "adamw":
+        # On GPUs one fused kernel updates all parameters (torch's fastest AdamW); else foreach.
+        return torch.optim.AdamW(groups, lr=args.lr, fused=any(p.is_cuda for p in params))
+    return torch.optim.SGD(groups, lr=args.lr, momentum=MOMENTUM)
+
+
+def lr_factor(args, step, steps_per_epoch):
+    """The learning rate of optimizer step `step` (0, 1, ...) as a fraction of --lr. Cosine: a
+    linear warm-up while the first, erratic gradients of random weights settle, then decay to 0."""
+    warmup = round(args.warmup_epochs * steps_per_epoch)
+    if step < warmup:
+        return (step + 1) / warmup
+    total = args.epochs * steps_per_epoch
+    return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(total - warmup, 1)))
+
+
+def build_scheduler(args, optimizer, steps_per_epoch):
+    """The learning-rate schedule: scheduler.step() once per optimizer step, not per batch (with
+    accumulation, several batches make a step)."""
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(args, step, steps_per_epoch))
+
+
+# --- machinery ------------------------------------------------------------------------------------
+# Skip on a first reading: the GPU's speed settings, files, flags, and what a run prints.
+
+def configure_cuda():
+    # TF32: float32 matmuls and convolutions on tensor cores, several times faster from Ampere on.
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    # cuDNN times its algorithms for each new input shape and keeps the fastest.
+    torch.backends.cudnn.benchmark = True
+
+
+def prepare_out_dir(args):
+    """Create --out-dir: a file standing where it should be stops the run now, in one line."""
+    try:
+        Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"cannot write to --out-dir {args.out_dir}: {err.strerror or err}")
+
+
+def atomic_save(obj, path):
+    """Write obj (bytes, or what torch.save takes) to a temporary file, then rename it: a reader
+    sees the old file or the new, never half of one."""
+    tmp = Path(path).with_name(f".{Path(path).name}.tmp")
+    if isinstance(obj, bytes):
+        tmp.write_bytes(obj)
+    else:
+        torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def write_metrics(path, history):
+    atomic_save("".join(json.dumps(record) + "\n" for record in history).encode(), path)
+
+
+class ConfigError(Exception):
+    """Bad input the user can act on: one line and exit status 2, never a traceback."""
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--epochs", type=int, default=5, help="passes over the training set")
+    parser.add_argument("--batch-size", type=int, default=64, help="samples per optimizer step")
+    parser.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd",
+                        help="SGD with momentum, or AdamW")
+    parser.add_argument("--lr", type=float, default=None,
+                        help="peak learning rate (default: 0.03 with sgd, 1e-3 with adamw)")
+    parser.add_argument("--warmup-epochs", type=float, default=1.0,
+                        help="epochs of linear warm-up of the cosine schedule")
+    parser.add_argument("--weight-decay", type=float, default=None,
+                        help="decay of weight matrices and kernels, not of biases and norm "
+                             "weights (default: 5e-4 with sgd, 0.05 with adamw)")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the model, data and shuffle")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="data loader processes (default: none for tensors in memory; for "
+                             "files, one per CPU but one, 1 to 8)")
+    parser.add_argument("--out-dir", default=None, help="output folder (default: runs/<script>)")
+    parser.add_argument("--log-interval", type=int, default=20,
+                        help="optimizer steps between progress lines")
+    parser.add_argument("--compile", action="store_true",
+                        help="compile the model with torch.compile: faster steps on GPUs after "
+                             "a minute or more of compiling; measured slower on CPU (default: off)")
+    add_task_arguments(parser)
+    args = parser.parse_args(argv)
+    if args.out_dir is None:
+        args.out_dir = os.path.join("runs", Path(__file__).stem)
+    # The optimizers want rates and decays of different sizes: the chosen one's, unless given.
+    for name, value in OPTIMIZER_DEFAULTS[args.optimizer].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return args
+
+
+def set_seed(seed):
+    """Seed every generator the training code draws from (Python's and torch's, CPU and CUDA)."""
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def log(message):
+    print(message, flush=True)
+
+
+def format_seconds(seconds):
+    seconds = int(max(seconds, 0))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def describe(model):
+    millions = sum(p.numel() for p in model.parameters()) / 1e6
+    return f"{type(model).__name__} ({millions:.2f} M parameters)"
+
+
+def peak_memory(device):
+    """For progress lines: the most memory this process's tensors have held on the GPU so far."""
+    if device.type != "cuda":
+        return ""
+    return f" | peak memory {torch.cuda.max_memory_allocated(device) / 2**30:.2f} GiB"
+
+
+def recipe(args):
+    schedule = "cosine"
+    return (f"optimizer {args.optimizer} | lr {args.lr:g}, schedule {schedule} | "
+            f"weight decay {args.weight_decay:g}")
+
+
+def log_epoch(record, epochs):
+    metrics = " ".join(f"val_{name} {record[f'val_{name}']:.4f}" for name in EVAL_METRICS)
+    log(f"epoch {record['epoch']}/{epochs} train_loss {record['train_loss']:.4f} {metrics} "
+        f"({record['val_samples']} samples) | {record['samples_per_sec']:.0f} samples/s")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
