@@ -20,7 +20,7 @@ process that meets its cause). --amp runs the forward in bf16 or fp16 (fp16 with
 Every process scores a shard of the validation set with rank 0's model, and one all-reduce of
 sums gives the whole set's exact metrics. Rank 0 writes checkpoints atomically; the same command
 resumes from the newest readable one (--resume auto) and ends bitwise identical to a run never
-stopped, where data-loader workers draw no random augmentation.
+stopped, where data-loader workers draw no random augmentation and GPU kernels are deterministic.
 # [optional: seeded samples]
 Where they do too: augmentation is seeded per sample, the same in any worker, after any resume.
 # [optional: preemption, mid-epoch]
@@ -98,9 +98,9 @@ RESUME_MAY_CHANGE = ("workers", "out_dir", "log_interval", "resume", "ckpt_epoch
                      "ckpt_steps", "max_steps",  # [optional: mid-epoch]
                      "bucket_cap_mb", "gradient_as_bucket_view",  # [optional: buckets]
                      "local_rank",  # [optional: legacy launcher]
-                     "compile",
                      "init_from",  # [optional: init-from]
-                     "backend", "timeout_min", "channels_last", "tf32", "cudnn_benchmark")
+                     "backend", "timeout_min", "compile", "channels_last", "tf32",
+                     "cudnn_benchmark")
 CHECKPOINT_NAME = re.compile(r"^step_(\d+)\.pt$")
 # [optional: full disk]
 # sysexits.h's EX_IOERR: a write that failed (a full disk), which a requeueing script can tell from

@@ -126,11 +126,11 @@ OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.03, "weight_decay": 5e-4},
 RESUME_MAY_CHANGE = ("workers", "out_dir", "log_interval", "resume", "ckpt_epochs", "keep_last",
                      "ckpt_steps", "max_steps",  # [optional: mid-epoch]
                      "local_rank",  # [optional: legacy launcher]
-                     "compile",
                      "activation_checkpointing",  # [optional: recompute]
                      "replicas",  # [optional: hybrid]
                      "init_from",  # [optional: init-from]
-                     "backend", "timeout_min", "channels_last", "tf32", "cudnn_benchmark")
+                     "backend", "timeout_min", "compile", "channels_last", "tf32",
+                     "cudnn_benchmark")
 # A checkpoint is a directory: one file of shards per process, torch.distributed.checkpoint's
 # .metadata, and train_state.pt (what is not sharded).
 CHECKPOINT_NAME = re.compile(r"^step_(\d+)$")

@@ -1,7 +1,8 @@
 """Step 1 of the DDP ladder: a complete training program on one device (CUDA if present, else CPU).
 
     python single_gpu.py
-    python single_gpu.py --data imagefolder --data-dir ~/imagenette --model resnet18 --epochs 30
+    python single_gpu.py --data imagefolder --data-dir ~/imagenette --model resnet18 \
+        --image-size 224 --epochs 30
 
 To train something else, edit the section "your data and model" and nothing else.
 

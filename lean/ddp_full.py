@@ -18,7 +18,7 @@ process that meets its cause). --amp runs the forward in bf16 or fp16 (fp16 with
 Every process scores a shard of the validation set with rank 0's model, and one all-reduce of
 sums gives the whole set's exact metrics. Rank 0 writes checkpoints atomically; the same command
 resumes from the newest readable one (--resume auto) and ends bitwise identical to a run never
-stopped, where data-loader workers draw no random augmentation.
+stopped, where data-loader workers draw no random augmentation and GPU kernels are deterministic.
 """
 import argparse
 import contextlib
@@ -50,8 +50,8 @@ OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.03, "weight_decay": 5e-4},
 # A resumed run continues the same training: every setting must match the checkpoint's but these,
 # which change how the run goes on, not what it computes (speed settings change rounding at most).
 RESUME_MAY_CHANGE = ("workers", "out_dir", "log_interval", "resume", "ckpt_epochs", "keep_last",
-                     "compile",
-                     "backend", "timeout_min", "channels_last", "tf32", "cudnn_benchmark")
+                     "backend", "timeout_min", "compile", "channels_last", "tf32",
+                     "cudnn_benchmark")
 CHECKPOINT_NAME = re.compile(r"^step_(\d+)\.pt$")
 
 

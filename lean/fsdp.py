@@ -72,8 +72,8 @@ OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.03, "weight_decay": 5e-4},
 # A resumed run continues the same training: every setting must match the checkpoint's but these,
 # which change how the run goes on, not what it computes (speed settings change rounding at most).
 RESUME_MAY_CHANGE = ("workers", "out_dir", "log_interval", "resume", "ckpt_epochs", "keep_last",
-                     "compile",
-                     "backend", "timeout_min", "channels_last", "tf32", "cudnn_benchmark")
+                     "backend", "timeout_min", "compile", "channels_last", "tf32",
+                     "cudnn_benchmark")
 # A checkpoint is a directory: one file of shards per process, torch.distributed.checkpoint's
 # .metadata, and train_state.pt (what is not sharded).
 CHECKPOINT_NAME = re.compile(r"^step_(\d+)$")
