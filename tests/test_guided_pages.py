@@ -212,3 +212,15 @@ def test_a_removed_marker_gives_the_removed_statement_its_own_concept():
 def test_names_are_read_in_the_scope_of_their_function():
     names = ladder.line_names("def f(a):\n    b = a + c\n    return b\n")
     assert names[2] == ({("f", "b")}, {("f", "a"), (None, "c")})
+
+
+def test_the_2_to_3_page_says_why_ddp_beats_dataparallel_shows_it_and_gives_the_learning_rate_rule():
+    # The first thing every DataParallel -> DDP migration guide explains; a fresh reader missed it here.
+    page = markdown_page(2, "dataparallel.py", "ddp_basic.py")
+    why = next(line for line in page.splitlines() if line.startswith("**Why DDP, not DataParallel.**"))
+    for needed in ("GIL", "copies the model", "scatters", "gathered on GPU 0", "in buckets while backward", "382"):
+        assert needed in why, needed
+    assert "](dp-vs-ddp.png)" in page and (ROOT / "docs" / "diffs" / "dp-vs-ddp.png").is_file()
+    assert '"dp-vs-ddp.png"' in (ROOT / "tools" / "draw_dp_vs_ddp.py").read_text()  # drawn, not hand-made
+    rule = next(line for line in page.splitlines() if line.startswith("**The learning rate.**"))
+    assert "divide `--batch-size` by N" in rule and "linear scaling rule" in rule

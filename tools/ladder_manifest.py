@@ -16,6 +16,8 @@ For each step (the later script of a pair):
   flags_added the new command-line flags
   flags_removed optional: {flag: why} for a flag the step removes (a flag otherwise lives on)
   diff_size   (lines added, lines removed) of the whole diff, as `diff -u` counts them
+  notes       optional: {key: [paragraph (Markdown), or (image file in docs/diffs, its alt text)]}:
+              more why, under the concept's own, on the guided page
   mechanisms  the new functions and classes that carry a concept (the code a reader must see to
               write it): a guided page shows each whole, in its concept's section; a new definition
               not named here only serves bookkeeping, and shows its signature and docstring
@@ -107,6 +109,28 @@ MANIFEST = {
         "removed": {},
         "flags_added": {"--backend", "--local-rank", "--timeout-min"},
         "mechanisms": {"setup_distributed", "cleanup_distributed", "rank0_only", "rank0_first"},
+        "notes": {"ddp": [
+            "**Why DDP, not DataParallel.** DataParallel drives every GPU from threads of one process, "
+            "which take turns holding the GIL: each forward copies the model from GPU 0 to the others "
+            "and scatters the batch, the outputs are gathered on GPU 0 for the loss, and backward "
+            "reduces the gradients onto GPU 0, each phase waiting for the one before. DDP runs a "
+            "process per GPU, each with its own shard of the data and its own copy of the model: only "
+            "the gradients move, all-reduced in buckets while backward still runs, so communication "
+            "hides behind computation, GPU 0 does no more than the others, and the processes may be "
+            "on several machines. One DataParallel \u2192 DDP migration guide measured ResNet-50 on "
+            "4 V100s at 128 samples/s with DataParallel and 382 with DDP (that guide's figure; this "
+            "project has not measured it). On one device, or a CPU, DataParallel has nothing to split.",
+            ("dp-vs-ddp.png", "Left, DataParallel: one process whose threads drive GPUs 1-3 from GPU 0, "
+             "the model copied and the batch scattered every forward, outputs and gradients gathered "
+             "back on GPU 0, one phase after another. Right, DDP: a process per GPU, an all-reduce "
+             "of gradient buckets overlapping backward."),
+            "**The learning rate.** The same command on N GPUs averages each step over N times the "
+            "samples (the global batch, printed at start), and `--lr` is not scaled for you. Either keep "
+            "the global batch (divide `--batch-size` by N) and keep `--lr`: the same training, which "
+            "the tests prove (one process with batch N\u00b7B trains the weights N processes with "
+            "batch B train); or keep `--batch-size` and multiply `--lr` by N, the linear scaling rule "
+            "(Goyal et al., 2017), which the warm-up of the cosine schedule makes safe at large N.",
+        ]},
         "diff_size": (203, 69),
     },
     "ddp_amp_accum.py": {
@@ -340,7 +364,12 @@ MANIFEST = {
              "After a unit's backward a reduce-scatter leaves each process its slice of the "
              "gradients averaged over all processes, as DDP's all-reduce averages them (an "
              "all-reduce is a reduce-scatter followed by an all-gather). The optimizer is built on "
-             "the slices, after sharding; at the end DTensor's caches must let go of the mesh."),
+             "the slices, after sharding; at the end DTensor's caches must let go of the mesh. Why "
+             "block by block, and the root last: a unit is what is gathered at once, so the root alone "
+             "as one unit would gather the whole model on every process, as DDP holds it, with no "
+             "gather overlapping compute. fully_shard takes the parameters of a module that no unit "
+             "inside it has taken: the blocks first, then the root for what is left (on the root "
+             "first it takes them all, and a block sharded after it fails)."),
             ("units", "Units: named in the section \"your data and model\"",
              "shard_units(model) returns the units: the modules, or lists of modules gathered as "
              "one. The CNN names its convolutions; a torchvision model gets the blocks it repeats "
@@ -407,7 +436,10 @@ MANIFEST = {
              "clip_grad_norm_ over the sharded (DTensor) gradients computes the norm of all slices "
              "together, the same on every process, and returns it as a DTensor: full_tensor() gives "
              "its value for the progress line. It takes the fused (foreach) path for DTensor "
-             "gradients by itself: importing torch.distributed.tensor registers DTensor for it."),
+             "gradients by itself: importing torch.distributed.tensor registers DTensor for it. Why "
+             "global: a process holds only its slices, and a norm of those alone would differ from "
+             "process to process, each slice of one gradient scaled by another factor, a step no "
+             "clipping of the whole gradient takes; the global norm clips as ddp_full.py does."),
             ("validation", "The same number of forwards on every process",
              "evaluate already goes round as often as the longest shard has batches (for the "
              "preemption check of step 5). Every forward now all-gathers from all processes, so a "

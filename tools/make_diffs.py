@@ -345,6 +345,9 @@ def guided_page(index, old, new, root):
     for number, section in enumerate(sections):
         out += [f"<h2 id=\"{section['key']}\">{html.escape(section['title'])}</h2>",
                 f"<p class=\"why\">{html.escape(section['why'])}</p>"]
+        for note in MANIFEST[new].get("notes", {}).get(section["key"], []):
+            out.append(f"<p><img src=\"{note[0]}\" alt=\"{html.escape(note[1])}\" style=\"max-width:100%\"></p>"
+                       if isinstance(note, tuple) else f"<p class=\"why\">{inline_html(note)}</p>")
         ahead = dict.fromkeys((name, later) for index, _, name, later in forward
                               if index == number and declared.get(name) == sections[later]["key"])
         if ahead:
@@ -555,6 +558,8 @@ def guided_markdown(index, old, new, root):
     forward, declared = forward_uses(old, new, root), MANIFEST[new].get("ahead", {})
     for number, section in enumerate(sections):
         out += [f"## {section['title']}", "", section["why"], ""]
+        for note in MANIFEST[new].get("notes", {}).get(section["key"], []):
+            out += [f"![{note[1]}]({note[0]})" if isinstance(note, tuple) else note, ""]
         ahead = dict.fromkeys((name, later) for index_, _, name, later in forward
                               if index_ == number and declared.get(name) == sections[later]["key"])
         if ahead:
@@ -588,12 +593,16 @@ def brief_html(new, root, titles):
             lines += [text for _, text in rows]
         out.append("<pre>" + "".join(f"<span class=\"ctx\">{html.escape(line)}</span>" for line in lines) + "</pre>")
     if new == "ddp_full.py":
-        note = html.escape(resume_note(root))
-        note = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", note)
-        note = re.sub(r"`(.+?)`", r"<code>\1</code>", note)
-        note = re.sub(r"\[(.+?)\]\((.+?)\)", r'<a href="\2">\1</a>', note)
-        out.append(f"<p class=\"why\">{note}</p>")
+        out.append(f"<p class=\"why\">{inline_html(resume_note(root))}</p>")
     return out
+
+
+def inline_html(markdown):
+    """A paragraph of Markdown as HTML: its bold, code and links (all the manifest's notes use)."""
+    text = html.escape(markdown)
+    text = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", text)
+    text = re.sub(r"`(.+?)`", r"<code>\1</code>", text)
+    return re.sub(r"\[(.+?)\]\((.+?)\)", r'<a href="\2">\1</a>', text)
 
 
 def text_size(page):
