@@ -21,6 +21,7 @@ from test_static import SCRIPTS
 
 sys.path.insert(0, str(ROOT / "tools"))
 import ladder  # noqa: E402
+import make_diffs  # noqa: E402
 import strip_optional  # noqa: E402
 
 # A line of the map: four spaces, the NAME (one or two words), two spaces or more, what it gives up.
@@ -37,6 +38,21 @@ def test_the_map_lists_every_tagged_part_and_nothing_else(script):
     text = ladder.read(script, ROOT)
     assert strip_optional.tags(text), f"{script} tags no optional part"
     assert sorted(map_names(text)) == sorted(strip_optional.tags(text))
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_the_hardening_page_shows_every_tagged_line_under_its_parts_in_the_maps_order(script):
+    # docs/hardening/<stem>.md (tools/make_diffs.py): a section per NAME, in the map's order, its
+    # lines linked as `#L<first>-L<last>`; together they must cover every line a strip deletes.
+    text = ladder.read(script, ROOT)
+    page = make_diffs.hardening_page(script, ROOT)
+    assert [line[3:] for line in page.splitlines() if line.startswith("## ")] == map_names(text)
+    shown = set()
+    for first, last in re.findall(rf"\(\.\./\.\./{re.escape(script)}#L(\d+)(?:-L(\d+))?\)", page):
+        shown.update(range(int(first), int(last or first) + 1))
+    lines = text.splitlines()
+    missing = {n for n in strip_optional.tagged_lines(text) if lines[n - 1].strip()} - shown
+    assert not missing, sorted(missing)
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

@@ -9,6 +9,9 @@
     docs/pitfalls.md                           the pitfall guide, each fix linked to its current line
     lean/<script>                              each script with its optional parts deleted
                                                (tools/strip_optional.py)
+    docs/hardening/<script stem>.md            each script's optional parts, one section per part in
+                                               its map's order: what deleting it gives up, then its lines
+    docs/hardening/README.md                   the index of those pages
 
 tests/test_ladder_diffs.py fails when these files differ from what this tool would write now.
 Standard library only.
@@ -25,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ladder  # noqa: E402
 from ladder_manifest import BRIEF, CHANGES_ROUNDING, FRAME, MANIFEST, SHOWN_AT_END, SHOWN_AT_TOP  # noqa: E402
 from pitfalls import PITFALLS  # noqa: E402
-from strip_optional import strip  # noqa: E402
+from strip_optional import MAP, strip, tagged_lines  # noqa: E402
 
 # Two 100-column scripts side by side, with line numbers, fit a 1600-pixel-wide window at 11 px.
 WRAP_COLUMN = 100
@@ -550,7 +553,8 @@ def guided_markdown(index, old, new, root):
            f"script, `@@ \u22ef @@` a few). A name used before "
            f"its own section says where it comes from. The whole diff: [unified]({name}.diff); side by side "
            f"and this page with edited words marked, as HTML to download: [{name}.html]({name}.html), "
-           f"[{name}.guided.html]({name}.guided.html).", ""]
+           f"[{name}.guided.html]({name}.guided.html). What `{new}` tags `# [optional: NAME]` (bad input, "
+           f"failures, odd environments) is on [its hardening page](../hardening/{new.removesuffix('.py')}.md).", ""]
     out += brief_markdown(new, root, anchors, titles)
     out += ["## The sections", ""]
     out += [f"{number}. [{section['title']}](#{anchors[section['key']]})"
@@ -637,6 +641,79 @@ def pitfalls_page(root):
     return "\n".join(out)
 
 
+# --- the hardening pages --------------------------------------------------------------------------
+
+# A line of a copier's map: four spaces, the NAME (one or two words), two spaces or more, what it gives
+# up; a line indented further goes on with the entry above.
+MAP_ENTRY = re.compile(r"^    (\S+(?: \S+)?)  +(\S.*)$")
+
+
+def copiers_map(text):
+    """[(NAME, what deleting it gives up)] in the order of the script's map."""
+    listing = ast.get_docstring(ast.parse(text)).split(MAP, 1)[1]
+    entries = []
+    for line in listing.splitlines():
+        if match := MAP_ENTRY.match(line):
+            entries.append([match.group(1), match.group(2)])
+        elif entries and line.startswith("      ") and line.strip():
+            entries[-1][1] += " " + line.strip()
+    return [tuple(entry) for entry in entries]
+
+
+def blocks(numbers):
+    """Consecutive runs of line numbers, as (first, last)."""
+    runs = []
+    for number in sorted(numbers):
+        if runs and number == runs[-1][1] + 1:
+            runs[-1][1] = number
+        else:
+            runs.append([number, number])
+    return [tuple(run) for run in runs]
+
+
+def hardening_page(script, root):
+    """docs/hardening/<stem>.md: the script's optional parts, each with its why and its lines."""
+    text = ladder.read(script, root)
+    lines, tree = text.splitlines(), ast.parse(text)
+    docstring_end = tree.body[0].end_lineno
+    out = [f"# `{script}`: its hardening, part by part", "",
+           f"Each part that [`{script}`](../../{script}) tags `# [optional: NAME]`, in the order of its "
+           f"copier's map: what deleting it gives up, then the lines it is made of, each run linked to where "
+           f"it stands. The lesson without them is [`lean/{script}`](../../lean/{script}), which the guided "
+           f"pages teach; `python tools/strip_optional.py {script} --keep NAME ...` keeps the parts you "
+           f"name.", ""]
+    out += [f"{number}. [{name}](#{github_slug(name)})" for number, (name, _) in enumerate(copiers_map(text), 1)]
+    out.append("")
+    for name, gives_up in copiers_map(text):
+        out += [f"## {name}", "", f"Without it: {gives_up}.", ""]
+        for first, last in blocks(tagged_lines(text, {name})):
+            shown = lines[first - 1:last]
+            while shown and not shown[-1].strip():
+                shown.pop()
+                last -= 1
+            code = next((n for n in range(first, last + 1) if not lines[n - 1].lstrip().startswith("#")), first)
+            holder = enclosing(tree, code)
+            starts = holder and any(node.lineno == code and getattr(node, "name", "") == holder for node in tree.body)
+            where = "the docstring" if last <= docstring_end else f"`{holder}`, whole" if starts else \
+                f"in `{holder}`" if holder else "module level"
+            span, anchor = (f"line {first}", f"L{first}") if first == last else \
+                (f"lines {first}-{last}", f"L{first}-L{last}")
+            out += [f"[{span}](../../{script}#{anchor}), {where}:", "", "```python"]
+            indent = min(len(line) - len(line.lstrip()) for line in shown if line.strip())
+            out += [line[indent:] for line in shown] + ["```", ""]
+    return "\n".join(out)
+
+
+def hardening_index(root):
+    out = ["# The hardening pages", "",
+           "What each script adds to its lesson ([`lean/`](../../lean)) for bad input, failures and odd "
+           "environments, one page per script, one section per `# [optional: NAME]` part:", ""]
+    for script in ladder.LADDER:
+        names = ", ".join(name for name, _ in copiers_map(ladder.read(script, root)))
+        out.append(f"- [`{script}`]({script.removesuffix('.py')}.md): {names}")
+    return "\n".join(out + [""])
+
+
 def generated(root=ladder.ROOT):
     """{path relative to root: content} of every generated file."""
     files = {}
@@ -650,6 +727,8 @@ def generated(root=ladder.ROOT):
     files["docs/pitfalls.md"] = pitfalls_page(root)
     for script in ladder.LADDER:
         files[f"lean/{script}"] = strip(ladder.read(script, root))
+        files[f"docs/hardening/{script.removesuffix('.py')}.md"] = hardening_page(script, root)
+    files["docs/hardening/README.md"] = hardening_index(root)
     return files
 
 

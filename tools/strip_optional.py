@@ -37,8 +37,9 @@ def tags(text):
     return found
 
 
-def strip(text, names=None):
-    """The text without the parts tagged with any of `names` (None: every tagged part)."""
+def tagged_lines(text, names=None):
+    """The numbers (from 1) of the lines the parts tagged with any of `names` (None: every tagged
+    part) are made of: what deleting them deletes, the map aside."""
     lines = text.splitlines(keepends=True)
     # Every statement and except clause, at any depth, by its first line (a decorator's, for a
     # decorated one).
@@ -70,6 +71,13 @@ def strip(text, names=None):
                              f"delete only that line; put it on a line of its own above")
         else:
             drop.add(number)
+    return drop
+
+
+def strip(text, names=None):
+    """The text without the parts tagged with any of `names` (None: every tagged part)."""
+    lines = text.splitlines(keepends=True)
+    drop = tagged_lines(text, names)
     if names is None or set(names) >= set(tags(text)):
         # Every part deleted: the map that lists them goes too, to the end of the docstring.
         first = next((n for n, line in enumerate(lines, start=1) if line.startswith(MAP)), None)
