@@ -460,9 +460,7 @@ def parse_args(argv=None):
 # The least value of each numeric setting (None, a default decided later, is not checked).
 AT_LEAST = {"epochs": 1, "batch_size": 1, "log_interval": 1, "workers": 0, "weight_decay": 0,
             "warmup_epochs": 0}
-
-# [optional: value checks]
-POSITIVE = ("lr",)
+POSITIVE = ("lr",)  # [optional: value checks]
 
 
 # [optional: value checks]

@@ -166,8 +166,7 @@ def main(argv=None):
         check_args(args)
         return train(args)
     except ConfigError as err:
-        # Bad input, which every process meets, is one line from rank 0; an error that one process
-        # met is that process's line, naming it (the peers it stopped say nothing).
+        # Rank 0 reports bad input, which all meet; err.rank names a process that met one alone.
         rank = int(os.environ.get("RANK", 0))
         if err.rank == rank or err.rank is None and rank == 0:
             who = "" if err.rank is None else f"rank {err.rank}: "
@@ -485,11 +484,9 @@ def evaluate_batch(model, batch):
 # --- distributed ----------------------------------------------------------------------------------
 
 def setup_distributed(args):
-    """Join the process group; return (rank, local_rank, world_size, device).
-
-    torchrun sets RANK (this process among all), LOCAL_RANK (among those on this machine) and
-    WORLD_SIZE. Without them, as under plain `python`, this process is a world of one.
-    """
+    """Join the process group; return (rank, local_rank, world_size, device). torchrun sets RANK
+    (this process among all), LOCAL_RANK (among those on this machine) and WORLD_SIZE; without
+    them, as under plain `python`, this process is a world of one."""
     backend = args.backend
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -531,44 +528,19 @@ def setup_distributed(args):
 
 
 def rank0_only(rank, function, *args):
-    """Call function on rank 0 alone; a ConfigError it raises stops every process with its line.
-
-    The others wait for rank 0's verdict in a collective, not a barrier: none is left waiting on a
-    peer that has exited. Any other error (a bug) is a traceback on rank 0, the others stop quietly.
-    """
-    result, verdict = None, [None]
-    if rank == 0:
-        try:
-            result = function(*args)
-        except ConfigError as err:
-            verdict = [(str(err), err.status, err.rank)]
-        except Exception:
-            dist.broadcast_object_list([("", 1, 0)], src=0)  # exit status 1, and no line
-            raise
-    dist.broadcast_object_list(verdict, src=0)
-    if verdict[0] is not None:
-        raise ConfigError(*verdict[0])
-    return result
+    """Call function on rank 0 alone, the others waiting for it."""
+    return rank0_first(rank, function, *args, turns=[rank == 0])
 
 
-def rank0_first(rank, function, *args):
+def rank0_first(rank, function, *args, turns=None):
     """Call function on rank 0 (a download, say), then on each other node's first process, then on
-    the rest: no two write one file at once. An error stops all, reported by who met it."""
-    result = rank0_only(rank, function, *args)
+    the rest, a barrier after each turn: no two write one file at once."""
     first_of_node = int(os.environ.get("LOCAL_RANK", 0)) == 0
-    for turn in (rank != 0 and first_of_node, not first_of_node):
-        error = None
+    result = None
+    for turn in turns or [rank == 0, rank != 0 and first_of_node, not first_of_node]:
         if turn:
-            try:
-                result = function(*args)
-            except ConfigError as err:
-                error = (str(err), err.status)
-        errors = [None] * dist.get_world_size()
-        dist.all_gather_object(errors, error)
-        failed = [r for r, e in enumerate(errors) if e is not None]
-        if failed:
-            message, status = errors[rank] or ("", errors[failed[0]][1])
-            raise ConfigError(message, status, rank=rank if errors[rank] else failed[0])
+            result = function(*args)
+        dist.barrier()
     return result
 
 
@@ -1190,9 +1162,8 @@ def write_metrics(path, history):
 
 
 class ConfigError(Exception):
-    """An error the user can act on: one line and a non-zero exit, never a traceback. Without a
-    rank, every process meets it (bad input) and rank 0 reports it; one that a process may meet
-    alone (a GPU it cannot see) names its rank, and that process reports it."""
+    """An error the user can act on: one line and a non-zero exit, never a traceback. Rank 0 reports
+    it (bad input, met by all), or the process it names by rank (met alone: a GPU it cannot see)."""
 
     def __init__(self, message, status=2, rank=None):
         super().__init__(message)

@@ -18,7 +18,7 @@ MOVED_PAGES = ["docs/flags.md", "docs/checkpoints.md", "docs/clusters.md", "docs
 
 def pages():
     return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "docs" / "diffs").glob("*.md")),
-            ROOT / "tests" / "README.md"]
+            *sorted((ROOT / "docs" / "hardening").glob("*.md")), ROOT / "tests" / "README.md"]
 
 
 def prose(text):

@@ -2,7 +2,8 @@
 lines a reader writes to port the step, each under a link to its section; each section uses only
 names that earlier sections or steps introduce, shows a handful of regions and the whole code of its
 concept's mechanism, and nothing twice. The Markdown page (what GitHub shows) holds all of it, and
-renders as written; the README states each page's size."""
+renders as written; the README states each page's size. A page teaches the lesson: the diff of the
+lean neighbours (LESSON: the scripts with their optional parts deleted, as lean/ holds them)."""
 import re
 import sys
 
@@ -18,27 +19,32 @@ from ladder_manifest import BRIEF, CHANGES_ROUNDING, FRAME, MANIFEST  # noqa: E4
 GUIDED = [(index, old, new) for index, (old, new) in enumerate(ladder.STEPS, 1)
           if len([key for key, _, _ in MANIFEST[new]["concepts"] if key not in FRAME]) > 1]
 STEP_IDS = [new for _, _, new in GUIDED]
+LESSON = make_diffs.lesson_root(ROOT)
 
 
 def page(index, old, new):
-    return make_diffs.guided_page(index, old, new, ROOT)
+    return make_diffs.guided_page(index, old, new, LESSON)
 
 
 def markdown_page(index, old, new):
-    return make_diffs.guided_markdown(index, old, new, ROOT)
+    return make_diffs.guided_markdown(index, old, new, LESSON)
 
 
 @pytest.mark.parametrize("index, old, new", GUIDED, ids=STEP_IDS)
 def test_no_section_uses_a_name_that_a_later_section_introduces(index, old, new):
-    assert make_diffs.forward_references(old, new, ROOT) == []
+    assert make_diffs.forward_references(old, new, LESSON) == []
 
 
 @pytest.mark.parametrize("index, old, new", GUIDED, ids=STEP_IDS)
 def test_every_name_declared_ahead_is_used_ahead_and_the_page_says_where_from(index, old, new):
-    sections = make_diffs.guided_sections(old, new, ROOT)
-    used = {(name, sections[later]["key"]) for _, _, name, later in make_diffs.forward_uses(old, new, ROOT)}
+    sections = make_diffs.guided_sections(old, new, LESSON)
+    used = {(name, sections[later]["key"]) for _, _, name, later in make_diffs.forward_uses(old, new, LESSON)}
     text = page(index, old, new)
+    defined = ladder.line_names(ladder.read(new, LESSON))
+    defined = {name for bound, _ in defined.values() for _, name in bound}
     for name, key in MANIFEST[new].get("ahead", {}).items():
+        if name not in defined:
+            continue  # an optional part's: not in the lesson
         assert (name, key) in used, f"{name!r} is declared ahead but no section uses it before {key!r}"
         assert re.search(rf"<code>{name}</code> from <a href=\"#{key}\">", text), name
 
@@ -47,27 +53,36 @@ def test_a_forward_use_is_found_when_a_section_reads_what_a_later_one_defines(mo
     concepts = MANIFEST["ddp_full.py"]["concepts"]
     state_last = [c for c in concepts if c[0] != "state"] + [c for c in concepts if c[0] == "state"]
     monkeypatch.setitem(MANIFEST["ddp_full.py"], "concepts", state_last)
-    found = make_diffs.forward_references("ddp_amp_accum.py", "ddp_full.py", ROOT)
+    found = make_diffs.forward_references("ddp_amp_accum.py", "ddp_full.py", LESSON)
     assert ("Writing checkpoints", "PER_PROCESS_STATE", "Where the run stands: TrainState") in \
         {(section, name, later) for section, _, name, later in found}, found
 
 
 @pytest.mark.parametrize("index, old, new", GUIDED, ids=STEP_IDS)
 def test_no_section_shows_more_than_eight_regions(index, old, new):
-    for section in make_diffs.guided_sections(old, new, ROOT):
+    for section in make_diffs.guided_sections(old, new, LESSON):
         assert len(section["regions"]) <= 8, (section["title"], [r[0] for r in section["regions"]])
 
 
 @pytest.mark.parametrize("index, old, new", GUIDED, ids=STEP_IDS)
 def test_every_concept_of_the_step_has_a_section_with_its_changes(index, old, new):
-    sections = make_diffs.guided_sections(old, new, ROOT)
-    assert [s["key"] for s in sections] == [key for key, _, _ in MANIFEST[new]["concepts"]]
-    assert all(section["regions"] for section in sections), [s["key"] for s in sections if not s["regions"]]
+    # On the full scripts every concept changes something; on the lean ones, those that are not made
+    # of optional parts alone, each in its place.
+    full = [s["key"] for s in make_diffs.guided_sections(old, new, ROOT)]
+    assert full == [key for key, _, _ in MANIFEST[new]["concepts"]]
+    lesson = [s["key"] for s in make_diffs.guided_sections(old, new, LESSON)]
+    assert lesson == [key for key in full if key in lesson] and len(lesson) >= 3, lesson
+
+
+@pytest.mark.parametrize("index, old, new", GUIDED, ids=STEP_IDS)
+def test_every_anchor_of_the_brief_picks_one_statement_of_the_whole_script(index, old, new):
+    # The lean brief leaves out the concepts of optional parts; on the whole script every anchor counts.
+    assert [key for key, _ in make_diffs.brief(new, ROOT)] == [key for key, _ in BRIEF[new]]
 
 
 @pytest.mark.parametrize("index, old, new", GUIDED, ids=STEP_IDS)
 def test_each_region_of_imports_and_flags_is_shown_in_one_section_only(index, old, new):
-    sections = make_diffs.guided_sections(old, new, ROOT)
+    sections = make_diffs.guided_sections(old, new, LESSON)
     for region in ("imports", "parse_args"):
         shown_in = [s["key"] for s in sections if any(name == region for name, _, _ in s["regions"])]
         assert len(shown_in) <= 1, (region, shown_in)
@@ -76,7 +91,7 @@ def test_each_region_of_imports_and_flags_is_shown_in_one_section_only(index, ol
 @pytest.mark.parametrize("index, old, new", GUIDED, ids=STEP_IDS)
 def test_no_line_is_shown_in_two_sections(index, old, new):
     seen = {}
-    for section in make_diffs.guided_sections(old, new, ROOT):
+    for section in make_diffs.guided_sections(old, new, LESSON):
         for region, _, rows in section["regions"]:
             for cls, number, _ in rows:
                 if cls in ("add", "ctx"):
@@ -86,7 +101,7 @@ def test_no_line_is_shown_in_two_sections(index, old, new):
 def test_the_write_checkpoints_rest_on_is_shown_where_they_are_taught():
     # atomic_save enters step 1 as a temporary file and a rename; step 5 flushes it to the disk and
     # leaves no temporary file behind: its change is the checkpoint section's.
-    sections = make_diffs.guided_sections("ddp_amp_accum.py", "ddp_full.py", ROOT)
+    sections = make_diffs.guided_sections("ddp_amp_accum.py", "ddp_full.py", LESSON)
     checkpoint = next(s for s in sections if s["key"] == "checkpoint")
     assert "atomic_save" in [region for region, _, _ in checkpoint["regions"]]
 
@@ -95,11 +110,14 @@ def test_the_write_checkpoints_rest_on_is_shown_where_they_are_taught():
 def test_every_mechanism_the_manifest_names_is_shown_whole_in_its_concepts_section(index, old, new):
     # A reader must be able to write a concept from its section: folded to its docstring, the
     # resumable sampler or the sharding plan could not be (two fresh readers, issue 26).
-    new_text = ladder.read(new, ROOT)
+    new_text = ladder.read(new, LESSON)
     regions, starts = ladder.regions(new_text), ladder.region_starts(new_text)
-    old_regions = ladder.regions(ladder.read(old, ROOT))
-    sections = {s["key"]: s for s in make_diffs.guided_sections(old, new, ROOT)}
+    old_regions = ladder.regions(ladder.read(old, LESSON))
+    full = ladder.regions(ladder.read(new, ROOT))
+    sections = {s["key"]: s for s in make_diffs.guided_sections(old, new, LESSON)}
     for name in MANIFEST[new].get("mechanisms", ()):
+        if name not in regions and name in full:
+            continue  # an optional part's: its page is the hardening page
         assert name in regions and name not in old_regions, f"{name} is not a new region of {new}"
         key = MANIFEST[new]["regions"][name]
         assert key not in FRAME, f"{name} serves the frame section {key!r}, not a concept"
@@ -112,7 +130,7 @@ def test_every_mechanism_the_manifest_names_is_shown_whole_in_its_concepts_secti
 
 def test_a_new_definition_that_only_serves_bookkeeping_is_folded_to_its_docstring():
     # release_device_meshes (teardown of DTensor's caches) is no part of sharding a model.
-    sections = make_diffs.guided_sections("ddp_full.py", "fsdp.py", ROOT)
+    sections = make_diffs.guided_sections("ddp_full.py", "fsdp.py", LESSON)
     shard = next(s for s in sections if s["key"] == "shard")
     rows = next(rows for region, _, rows in shard["regions"] if region == "release_device_meshes")
     assert rows[-1][2].startswith("\u22ef the body: lines "), rows[-1]
@@ -122,9 +140,9 @@ def test_a_new_definition_that_only_serves_bookkeeping_is_folded_to_its_docstrin
 def test_every_mechanism_is_shown_whole_on_the_markdown_page_too(index, old, new):
     # The Markdown page is the one GitHub shows: it must hold what the HTML page holds.
     text = markdown_page(index, old, new)
-    regions = ladder.regions(ladder.read(new, ROOT))
+    regions = ladder.regions(ladder.read(new, LESSON))
     for name in MANIFEST[new].get("mechanisms", ()):
-        for line in regions[name]:
+        for line in regions.get(name, []):
             if line.strip():
                 assert f"\n+{line}\n" in text, (name, line)
 
@@ -134,13 +152,13 @@ def test_the_markdown_page_renders_a_heading_per_section_and_a_diff_block_per_re
     # Parsed as CommonMark (GitHub's Markdown is a superset): a fence left open or a line read as
     # markup would swallow or split the blocks that follow it.
     from markdown_it import MarkdownIt
-    sections = make_diffs.guided_sections(old, new, ROOT)
+    sections = make_diffs.guided_sections(old, new, LESSON)
     tokens = MarkdownIt("commonmark").parse(markdown_page(index, old, new))
     h2 = [tokens[k + 1].content for k, t in enumerate(tokens) if t.type == "heading_open" and t.tag == "h2"]
     assert h2 == ["The change in brief", "The sections", *[s["title"] for s in sections]]
     fences = [t for t in tokens if t.type == "fence"]
     assert [t.info for t in fences if t.info == "diff"] == ["diff"] * sum(len(s["regions"]) for s in sections)
-    assert len([t for t in fences if t.info == "python"]) == len(BRIEF[new])
+    assert len([t for t in fences if t.info == "python"]) == len(make_diffs.brief(new, LESSON))
     assert not [t for t in tokens if t.type in ("html_block", "html_inline")]
 
 
@@ -148,7 +166,7 @@ def test_the_markdown_page_renders_a_heading_per_section_and_a_diff_block_per_re
 def test_the_change_in_brief_is_20_to_40_lines_each_under_its_concepts_section(index, old, new):
     # The issue's size for the lines a reader writes to port a step: enough to hold every concept's
     # core, few enough to read before the sections.
-    blocks = make_diffs.brief(new, ROOT)
+    blocks = make_diffs.brief(new, LESSON)
     assert 20 <= make_diffs.brief_size(blocks) <= 40, make_diffs.brief_size(blocks)
     concepts = [key for key, _, _ in MANIFEST[new]["concepts"] if key not in FRAME]
     assert [key for key, _ in blocks] == [key for key in concepts if key in dict(blocks)]
@@ -164,8 +182,8 @@ def test_the_change_in_brief_is_20_to_40_lines_each_under_its_concepts_section(i
 def test_every_line_of_the_brief_is_the_scripts_own(index, old, new):
     # Generated from the script, not written beside it: a brief line is a line of the script without
     # its indentation (and a copier's-map tag); "..." stands for lines left out.
-    script = ladder.read(new, ROOT).splitlines()
-    for _, block in make_diffs.brief(new, ROOT):
+    script = ladder.read(new, LESSON).splitlines()
+    for _, block in make_diffs.brief(new, LESSON):
         for _, rows in block:
             for number, text in rows:
                 if number is not None:
@@ -175,13 +193,13 @@ def test_every_line_of_the_brief_is_the_scripts_own(index, old, new):
 def test_a_brief_anchor_found_on_two_lines_stops_the_generator(monkeypatch):
     monkeypatch.setitem(BRIEF, "ddp_basic.py", [("group", ['rank = int(os.environ.get("RANK", 0))'])])
     with pytest.raises(SystemExit, match="found 2 times"):
-        make_diffs.brief("ddp_basic.py", ROOT)
+        make_diffs.brief("ddp_basic.py", LESSON)
 
 
 def test_the_4_to_5_page_says_when_a_resume_is_bitwise_naming_every_setting_a_resume_may_change():
-    may_change = make_diffs.script_constant("ddp_full.py", "RESUME_MAY_CHANGE", ROOT)
-    task = make_diffs.script_constant("ddp_full.py", "RESUME_MAY_CHANGE_TASK", ROOT)
-    assert set(CHANGES_ROUNDING) <= set(may_change), set(CHANGES_ROUNDING) - set(may_change)
+    assert set(CHANGES_ROUNDING) <= set(make_diffs.script_constant("ddp_full.py", "RESUME_MAY_CHANGE", ROOT))
+    may_change = make_diffs.script_constant("ddp_full.py", "RESUME_MAY_CHANGE", LESSON)
+    task = make_diffs.script_constant("ddp_full.py", "RESUME_MAY_CHANGE_TASK", LESSON)
     note = next(line for line in markdown_page(4, "ddp_amp_accum.py", "ddp_full.py").splitlines()
                 if line.startswith("**When a resume is bitwise.**"))
     for name in (*may_change, *task):

@@ -70,12 +70,17 @@ MANIFEST = {
              "Wrapped in DDP, every copy of the model starts from rank 0's weights and gets the "
              "average gradient in backward, so all copies take the same step. The global batch is "
              "the per-process batch times the world size."),
-            ("rank0", "Rank 0 speaks, writes and validates; one process's error is its own line",
+            ("rank0", "Rank 0 speaks, writes and validates",
              "Every process runs every line; only rank 0 prints, writes files and validates, "
-             "through model.module. A bad input found on rank 0 reaches the others through a "
-             "collective, so none waits for a peer that has exited; an error that one process meets "
-             "alone (a GPU it cannot see, data its node lacks) is that process's line, naming its "
-             "rank."),
+             "through model.module. rank0_only calls a function on rank 0 alone; rank0_first calls "
+             "it on rank 0, then on each other node's first process, then on the rest, so a "
+             "download writes each directory once. A barrier ends each turn: the others wait."),
+            ("errors", "An error is one line, from the process that met it",
+             "A ConfigError is one line and a non-zero exit: rank 0's for bad input, which every "
+             "process meets, or, for an error one process meets alone (a GPU it cannot see), that "
+             "process's, naming its rank. When one process exits, torchrun stops the others, which "
+             "may wait at a barrier until then; the error exchange (the hardening page) stops them "
+             "at once instead, and reports data one node lacks from the process that met it."),
             ("compile", "torch.compile under DDP",
              "--compile compiles the model in place before DDP wraps it. Dynamo skips torch.nn's "
              "own code, DDP's forward among it: a compiled wrapper compiles only what DDP calls, "
@@ -88,11 +93,13 @@ MANIFEST = {
             "imports": "top",
             "parse_args": "group",
             "POSITIVE": "group",
-            "ConfigError": "rank0",
+            "ConfigError": "errors",
             "log": "rank0",
             "setup_distributed": "group",
             "rank0_only": "rank0",
             "rank0_first": "rank0",
+            "returning_errors": "errors",
+            "stop_if_any_failed": "errors",
             "cleanup_distributed": "group",
             "build_loaders": "shard",
             "train_one_epoch": [("dist.all_reduce", "ddp"), ("get_world_size", "rank0"), ("Rank 0", "rank0"),
@@ -104,11 +111,13 @@ MANIFEST = {
                       ("global batch", "ddp"),
                       ("DDP wraps it", "compile"), ("device {device} |", "ddp"),
                       ("model.module", "rank0"), ("Rank 0", "rank0"), ("history", "rank0")],
-            "main": [("cleanup_distributed", "group"), ("", "rank0")],
+            "main": [("cleanup_distributed", "group"), ("", "errors")],
         },
+        "ahead": {"returning_errors": "errors", "stop_if_any_failed": "errors"},
         "removed": {},
         "flags_added": {"--backend", "--local-rank", "--timeout-min"},
-        "mechanisms": {"setup_distributed", "cleanup_distributed", "rank0_only", "rank0_first"},
+        "mechanisms": {"setup_distributed", "cleanup_distributed", "rank0_only", "rank0_first", "returning_errors",
+                       "stop_if_any_failed"},
         "notes": {"ddp": [
             "**Why DDP, not DataParallel.** DataParallel drives every GPU from threads of one process, "
             "which take turns holding the GIL: each forward copies the model from GPU 0 to the others "
@@ -131,7 +140,7 @@ MANIFEST = {
             "batch B train); or keep `--batch-size` and multiply `--lr` by N, the linear scaling rule "
             "(Goyal et al., 2017), which the warm-up of the cosine schedule makes safe at large N.",
         ]},
-        "diff_size": (203, 69),
+        "diff_size": (204, 69),
     },
     "ddp_amp_accum.py": {
         "concepts": [
@@ -249,6 +258,7 @@ MANIFEST = {
             "EXIT_REQUEUE": "preempt",
             "PREEMPTION": "preempt",
             "report_unreadable": "reported",
+            "check_args": "flags",
         },
         "regions": {
             "docstring": "top",
@@ -346,7 +356,7 @@ MANIFEST = {
                        "ReadableSamples", "readable_sets", "report_unreadable", "write_error", "check_task",
                        "check_model_fits", "flight_recorder",
                        "init_weights_from"},
-        "diff_size": (1011, 80),
+        "diff_size": (1013, 79),
     },
     "fsdp.py": {
         "concepts": [
@@ -466,7 +476,7 @@ MANIFEST = {
         ],
         "ahead": {"precision_policies": "precision", "has_batchnorm": "precision", "values": "hostcopy",
                   "recompute_in_backward": "recompute", "own_initialisation": "hostcopy", "init_weights": "hostcopy",
-                  "device_mesh": "hsdp", "check_units": "units", "shard_units": "units"},
+                  "check_units": "units", "shard_units": "units"},
         "regions": {
             "docstring": "top",
             "imports": [("collections", "units"), ("torch.utils.checkpoint", "recompute"),
@@ -477,7 +487,7 @@ MANIFEST = {
                            ("hybrid sharding", "hsdp"), ("", "shard")],
             "AT_LEAST": "hsdp",
             "setup_distributed": "shard",
-            "device_mesh": "hsdp",
+            "device_mesh": "shard",
             "POSITIVE": "shard",
             "check_args": [("activation_checkpointing", "recompute"), ("", "checkpoint")],
             "ResumableSampler": "reshard",
@@ -497,7 +507,7 @@ MANIFEST = {
             "init_weights_from": "hostcopy",
             "recompute_in_backward": "recompute",
             "buffers_kept": "recompute",
-            "check_torch": "shard",
+            "check_torch": "top",
             "main": "shard",
             "shard_sizes": "shard",
             "release_device_meshes": "shard",
@@ -533,7 +543,7 @@ MANIFEST = {
                        "recompute_in_backward", "buffers_kept", "device_mesh",
                        "find_blocks", "check_units", "shard_units", "compile_model", "initial_values",
                        "own_initialisation"},
-        "diff_size": (634, 132),
+        "diff_size": (634, 134),
     },
 }
 

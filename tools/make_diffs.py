@@ -18,10 +18,12 @@ Standard library only.
 """
 import ast
 import difflib
+import functools
 import html
 import itertools
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -199,6 +201,8 @@ def guided_sections(old, new, root):
                 by_key[key]["regions"].append((name, "added", folded(new_lines, new_starts[name], whole)))
                 by_key[key]["added"] += [new_starts[name] + k + 1 for k in range(len(new_lines))]
     for name, key in entry["removed"].items():
+        if name not in old_regions or name in new_regions:
+            continue  # an optional part, not in the lean scripts
         rows = without_blank_rows([("del", old_starts[name] + k + 1, line)
                                    for k, line in enumerate(old_regions[name])])
         by_key[key]["regions"].append((name, "removed", rows))
@@ -214,7 +218,8 @@ def guided_sections(old, new, root):
             if name in earlier and name in starts and name not in named:
                 named.add(name)
                 section["uses"].append((name, definition_line(new_text, name)))
-    return sections
+    # A concept made of optional parts alone changes no lean script: its page is the hardening page.
+    return [section for section in sections if section["regions"]]
 
 
 def definition_line(text, name):
@@ -335,8 +340,9 @@ def guided_page(index, old, new, root):
     title = f"Step {index} &rarr; {index + 1}: {old} &rarr; {new}, one concept at a time"
     out = [f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{title}</title>",
            f"<style>{GUIDED_STYLE}</style></head><body>", f"<h1>{title}</h1>",
-           f"<p>Read the sections in order: each says why, then shows only its own changes to "
-           f"<code>{new}</code> (green added, red removed, yellow edited; \u22ef: lines left out, "
+           f"<p>The lesson of the step: the scripts without their optional parts (lean/). Read the sections "
+           f"in order: each says why, then shows only its own changes to "
+           f"<code>lean/{new}</code> (green added, red removed, yellow edited; \u22ef: lines left out, "
            f"with the line that follows), using names that earlier sections or steps introduce; a name used "
            f"before its own section says where it comes from. The whole "
            f"diff: <a href=\"{name}.diff\">unified</a>, <a href=\"{name}.html\">side by side</a>.</p>",
@@ -358,7 +364,7 @@ def guided_page(index, old, new, root):
                               f"{html.escape(sections[later]['title'])}</a>" for name, later in ahead)
             out.append(f"<p class=\"uses\">Used here, introduced below: {notes}.</p>")
         if section["uses"]:
-            links = ", ".join(f"<a href=\"../../{new}\"><code>{html.escape(used)}</code></a> (line {line})"
+            links = ", ".join(f"<a href=\"../../lean/{new}\"><code>{html.escape(used)}</code></a> (line {line})"
                               for used, line in section["uses"])
             out.append(f"<p class=\"uses\">Uses, unchanged from earlier steps: {links}</p>")
         for region, kind, rows in section["regions"]:
@@ -396,6 +402,16 @@ def picked_statement(tree, lines, anchor):
     return node.lineno, body[0].lineno - 1
 
 
+def anchor_found(tree, lines, anchor):
+    """Whether a brief anchor is on some line (of its function, for a (function, text) anchor)."""
+    scope, text = anchor if isinstance(anchor, tuple) else (None, anchor)
+    if scope is not None:
+        node = next((n for n in tree.body if getattr(n, "name", None) == scope), None)
+        return node is not None and any(text.removeprefix("*") in line
+                                        for line in lines[node.lineno - 1:node.end_lineno])
+    return any(text.removeprefix("*") in line for line in lines)
+
+
 def enclosing(tree, number):
     """The name of the top-level function (or class.method) that holds line `number`."""
     for node in tree.body:
@@ -421,6 +437,8 @@ def brief(new, root):
     tree, lines = ast.parse(text), text.splitlines()
     blocks = []
     for key, anchors in BRIEF[new]:
+        if not any(anchor_found(tree, lines, anchor) for anchor in anchors):
+            continue  # an optional part's concept: not in a lean script
         numbers = set()
         for anchor in anchors:
             first, last = picked_statement(tree, lines, anchor)
@@ -470,11 +488,13 @@ def resume_note(root):
     may_change = script_constant("ddp_full.py", "RESUME_MAY_CHANGE", root)
     task = script_constant("ddp_full.py", "RESUME_MAY_CHANGE_TASK", root)
     how = [name for name in may_change if name not in CHANGES_ROUNDING]
+    has_constant = "--lr-schedule" in ladder.flags(ladder.read("ddp_full.py", root))
+    constant = "; `--epochs` under `--lr-schedule constant`" if has_constant else ""
     rounding = [name for name in may_change if name in CHANGES_ROUNDING]
     return (f"**When a resume is bitwise.** A run stopped and resumed ends bitwise equal to one never "
             f"stopped when it resumes on as many processes, with the same settings but those that say how "
-            f"the run goes on ({flag_list(how)}; the section's `RESUME_MAY_CHANGE_TASK`: {flag_list(task)}; "
-            f"`--epochs` under `--lr-schedule constant`), and its arithmetic is repeatable: on a CPU the "
+            f"the run goes on ({flag_list(how)}; the section's `RESUME_MAY_CHANGE_TASK`: {flag_list(task)}"
+            f"{constant}), and its arithmetic is repeatable: on a CPU the "
             f"same thread count; on GPUs deterministic kernels as well (`--no-cudnn-benchmark`, "
             f"`torch.use_deterministic_algorithms(True)`, `CUBLAS_WORKSPACE_CONFIG=:4096:8`: "
             f"[Determinism](../clusters.md#running-on-a-cluster)), without which two runs never stopped "
@@ -496,9 +516,9 @@ def brief_markdown(new, root, anchors, titles):
            f"The lines you would write to port this step into a script of your own, by concept, "
            f"without their comments: each heading links the concept's section below, where the "
            f"functions these lines call are shown whole, and each function its place in "
-           f"[`{new}`](../../{new}); `...` stands for lines left out.", ""]
+           f"[`lean/{new}`](../../lean/{new}); `...` stands for lines left out.", ""]
     for key, block in brief(new, root):
-        places = ", ".join(f"[`{function or 'module level'}`](../../{new}#L{rows[0][0] or rows[1][0]})"
+        places = ", ".join(f"[`{function or 'module level'}`](../../lean/{new}#L{rows[0][0] or rows[1][0]})"
                            for function, rows in block)
         out += [f"**[{titles[key]}](#{anchors[key]})** — in {places}:", "", "```python"]
         for function, rows in block:
@@ -532,11 +552,11 @@ def markdown_where(rows, old, new):
     """Where a region's rows stand, as a link to that line of the new script (or the old one)."""
     for cls, number, line in rows:
         if cls in ("add", "ctx"):
-            return f"[line {number}](../../{new}#L{number})"
+            return f"[line {number}](../../lean/{new}#L{number})"
         if line.startswith("\u22ef line"):
             number = line.removeprefix("\u22ef line ")
-            return f"[line {number}](../../{new}#L{number})"
-    return f"[{old} line {rows[0][1]}](../../{old}#L{rows[0][1]})"
+            return f"[line {number}](../../lean/{new}#L{number})"
+    return f"[lean/{old} line {rows[0][1]}](../../lean/{old}#L{rows[0][1]})"
 
 
 def guided_markdown(index, old, new, root):
@@ -546,15 +566,17 @@ def guided_markdown(index, old, new, root):
     sections = guided_sections(old, new, root)
     anchors = {s["key"]: github_slug(s["title"]) for s in sections}
     titles = {s["key"]: s["title"] for s in sections}
+    stem = new.removesuffix(".py")
     out = [f"# Step {index} \u2192 {index + 1}: `{old}` \u2192 `{new}`, one concept at a time", "",
-           f"What [`{new}`](../../{new}) adds to [`{old}`](../../{old}): first the change in brief, then a "
-           f"section per concept, in teaching order, each with its why and only its own changes to `{new}` "
-           f"(`+` added, `-` removed; `@@ line N @@`: lines left out, the next line shown is line N of the "
-           f"script, `@@ \u22ef @@` a few). A name used before "
-           f"its own section says where it comes from. The whole diff: [unified]({name}.diff); side by side "
-           f"and this page with edited words marked, as HTML to download: [{name}.html]({name}.html), "
-           f"[{name}.guided.html]({name}.guided.html). What `{new}` tags `# [optional: NAME]` (bad input, "
-           f"failures, odd environments) is on [its hardening page](../hardening/{new.removesuffix('.py')}.md).", ""]
+           f"The lesson of the step: what [`lean/{new}`](../../lean/{new}) adds to [`lean/{old}`](../../lean/{old}), "
+           f"the scripts without their optional parts (what [`{new}`](../../{new}) tags `# [optional: NAME]` for "
+           f"bad input, failures and odd environments is on [its hardening page](../hardening/{stem}.md)). First "
+           f"the change in brief, then a section per concept, in teaching order, each with its why and only its "
+           f"own changes (`+` added, `-` removed; `@@ line N @@`: lines left out, the next line shown is line N "
+           f"of the lean script, `@@ \u22ef @@` a few). A name used before its own section says where it comes "
+           f"from. The whole scripts' diff: [unified]({name}.diff); side by side, and this page with edited words "
+           f"marked, as HTML to download: [{name}.html]({name}.html), [{name}.guided.html]({name}.guided.html).",
+           ""]
     out += brief_markdown(new, root, anchors, titles)
     out += ["## The sections", ""]
     out += [f"{number}. [{section['title']}](#{anchors[section['key']]})"
@@ -571,7 +593,7 @@ def guided_markdown(index, old, new, root):
                               for name, later in ahead)
             out += [f"*Used here, introduced below:* {notes}.", ""]
         if section["uses"]:
-            links = ", ".join(f"[`{used}`](../../{new}#L{line})" for used, line in section["uses"])
+            links = ", ".join(f"[`{used}`](../../lean/{new}#L{line})" for used, line in section["uses"])
             out += [f"*Uses, unchanged from earlier steps:* {links}.", ""]
         for region, kind, rows in section["regions"]:
             label = "The imports" if region == "imports" else "The docstring" if region == "docstring" else \
@@ -706,12 +728,22 @@ def hardening_page(script, root):
 
 def hardening_index(root):
     out = ["# The hardening pages", "",
-           "What each script adds to its lesson ([`lean/`](../../lean)) for bad input, failures and odd "
+           "What each script adds to its lesson (its copy in `lean/`) for bad input, failures and odd "
            "environments, one page per script, one section per `# [optional: NAME]` part:", ""]
     for script in ladder.LADDER:
         names = ", ".join(name for name, _ in copiers_map(ladder.read(script, root)))
         out.append(f"- [`{script}`]({script.removesuffix('.py')}.md): {names}")
     return "\n".join(out + [""])
+
+
+@functools.lru_cache(maxsize=None)
+def lesson_root(root=ladder.ROOT):
+    """A temporary directory holding each script of root as lean/ has it (its optional parts
+    deleted): the guided pages teach the lesson from these, the lean neighbours."""
+    lean = Path(tempfile.mkdtemp(prefix="ladder-lean-"))
+    for script in ladder.LADDER:
+        (lean / script).write_text(strip(ladder.read(script, root)))
+    return lean
 
 
 def generated(root=ladder.ROOT):
@@ -722,8 +754,8 @@ def generated(root=ladder.ROOT):
         files[f"docs/diffs/{name}.diff"] = unified(old, new, root)
         files[f"docs/diffs/{name}.html"] = side_by_side(index, old, new, root, ladder.CONCEPTS[new])
         if len([key for key, _, _ in MANIFEST[new]["concepts"] if key not in FRAME]) > 1:
-            files[f"docs/diffs/{name}.guided.md"] = guided_markdown(index, old, new, root)
-            files[f"docs/diffs/{name}.guided.html"] = guided_page(index, old, new, root)
+            files[f"docs/diffs/{name}.guided.md"] = guided_markdown(index, old, new, lesson_root(root))
+            files[f"docs/diffs/{name}.guided.html"] = guided_page(index, old, new, lesson_root(root))
     files["docs/pitfalls.md"] = pitfalls_page(root)
     for script in ladder.LADDER:
         files[f"lean/{script}"] = strip(ladder.read(script, root))

@@ -122,7 +122,7 @@ lists them all, each with its mutation-checked guard.
     one line from rank 0. Data that one process cannot see (its node's disk lacks it) is the same:
     rank 0 reads the data first, then the first process of each other node, then the rest (one
     writer per node's directory), and an all-gather of their verdicts after each turn
-    (`rank0_first`) makes each process that failed print its line with its rank while every
+    (`rank0_first`, `stop_if_any_failed`) makes each process that failed print its line with its rank while every
     process stops there — before, the line was lost and rank 0 died in DDP's first collective.
   - *A section "your data and model" without a name the script uses* is checked before any work
     (`check_task`): one line naming it and what it must do (see
@@ -989,11 +989,11 @@ PITFALLS = [
                    "writing the same files at once (torn archives, failed extractions)",
         "correct": "rank 0 first, then the first process of each other node (`LOCAL_RANK` 0), then the rest: one "
                    "writer per directory, and rank 0's copy serves every node where the directory is shared",
-        "fix": [("ddp_basic.py", "    for turn in (rank != 0 and first_of_node, not first_of_node):")],
+        "fix": [("ddp_basic.py", "    for turn in turns or [rank == 0, rank != 0 and first_of_node, not first_of_node]:")],
         "guards": ["tests/test_cluster.py::test_data_preparation_runs_once_per_node_directory_on_the_first_process_"
                    "of_the_node[a-directory-per-node]"],
-        "mutation": ("ddp_basic.py", "    for turn in (rank != 0 and first_of_node, not first_of_node):",
-                     "    for turn in (rank != 0, False):"),
+        "mutation": ("ddp_basic.py", "    for turn in turns or [rank == 0, rank != 0 and first_of_node, not first_of_node]:",
+                     "    for turn in turns or [rank == 0, rank != 0, False]:"),
     },
     {
         "title": "A process that cannot see the data, silent",
@@ -1002,11 +1002,11 @@ PITFALLS = [
         "symptom": "a node whose disk lacks the data exits with status 2 and no line; rank 0 runs on into DDP's "
                    "first collective and dies there on a closed connection, a traceback",
         "correct": "after the others have read it, one all-gather of their verdicts: each process that failed "
-                   "prints its line with its rank, and every process stops there (`rank0_first`)",
-        "fix": [("ddp_basic.py", "raise ConfigError(message, status, rank=rank if errors[rank] else failed[0])")],
+                   "prints its line with its rank, and every process stops there (`stop_if_any_failed`)",
+        "fix": [("ddp_basic.py", "raise ConfigError(str(result), result.status, rank=rank)")],
         "guards": ["tests/test_failures.py::test_data_that_one_process_cannot_see_is_a_line_from_that_process"],
-        "mutation": ("ddp_basic.py", "raise ConfigError(message, status, rank=rank if errors[rank] else failed[0])",
-                     "raise ConfigError(message, status)"),
+        "mutation": ("ddp_basic.py", "raise ConfigError(str(result), result.status, rank=rank)",
+                     "raise ConfigError(str(result), result.status)"),
     },
     {
         "title": "An optional part that the rest still reads",
