@@ -242,3 +242,16 @@ def test_the_2_to_3_page_says_why_ddp_beats_dataparallel_shows_it_and_gives_the_
     assert '"dp-vs-ddp.png"' in (ROOT / "tools" / "draw_dp_vs_ddp.py").read_text()  # drawn, not hand-made
     rule = next(line for line in page.splitlines() if line.startswith("**The learning rate.**"))
     assert "divide `--batch-size` by N" in rule and "linear scaling rule" in rule
+
+
+# The issue "Two layers" holds each lesson page to 30,000 characters. The 4 -> 5 and 5 -> 6 pages are
+# not there yet (the lean ddp_full.py keeps the unreadable-file counters' and mid-epoch's debris;
+# fsdp.py's sharding is long to teach): held to the size reached, a ratchet, until they are.
+PAGE_BUDGET = 30_000
+PAGE_REACHED = {"ddp_full.py": 33_900, "fsdp.py": 50_200}
+
+
+@pytest.mark.parametrize("index, old, new", GUIDED, ids=STEP_IDS)
+def test_a_lesson_page_keeps_to_its_size(index, old, new):
+    size = len(markdown_page(index, old, new))
+    assert size <= PAGE_REACHED.get(new, PAGE_BUDGET), size

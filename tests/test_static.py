@@ -111,7 +111,10 @@ def test_train_one_epoch_starts_within_the_first_third(script):
 # reviewed edit of this table, not a creep.
 BUDGETS = {"single_gpu.py": 500, "dataparallel.py": 530, "ddp_basic.py": 660, "ddp_amp_accum.py": 720,
            "ddp_full.py": 1650, "fsdp.py": 2150}
-STRIPPED_BUDGETS = {"ddp_full.py": 954, "fsdp.py": 1337}
+# The lean copies (every optional part stripped): the numbers reached, a ratchet below which they may
+# go; the 360 / 380 / 460 / 510 / 800 / 1,050 are not met yet (tests/README.md says what is left).
+LEAN_BUDGETS = {"single_gpu.py": 433, "dataparallel.py": 459, "ddp_basic.py": 554, "ddp_amp_accum.py": 610,
+                "ddp_full.py": 925, "fsdp.py": 1302}
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -120,7 +123,7 @@ def test_a_script_keeps_to_its_line_budget(script):
     assert lines <= BUDGETS[script], f"{script}: {lines} lines, its budget {BUDGETS[script]}"
 
 
-@pytest.mark.parametrize("script", MAPPED)
+@pytest.mark.parametrize("script", SCRIPTS)
 def test_the_copy_its_map_strips_keeps_to_its_line_budget(script):
     import sys
 
@@ -128,4 +131,4 @@ def test_the_copy_its_map_strips_keeps_to_its_line_budget(script):
     import strip_optional
 
     lines = len(strip_optional.strip((ROOT / script).read_text()).splitlines())
-    assert lines <= STRIPPED_BUDGETS[script], f"{script} stripped: {lines} lines, its budget {STRIPPED_BUDGETS[script]}"
+    assert lines <= LEAN_BUDGETS[script], f"{script} stripped: {lines} lines, its budget {LEAN_BUDGETS[script]}"
