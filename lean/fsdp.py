@@ -407,7 +407,7 @@ def build_datasets(args):
         if args.data == "imagefolder":
             sets = [datasets.ImageFolder(os.path.join(args.data_dir, split), transforms[split])
                     for split in ("train", "val")]
-    except (RuntimeError, OSError) as err:  # torchvision's "Dataset not found", or no images
+    except (RuntimeError, OSError) as err:  # torchvision's errors for data it cannot find
         raise ConfigError(f"no {args.data} data in {args.data_dir!r}: {err} ({hint})") from None
     if sets[0].classes != sets[1].classes:
         raise ConfigError(f"train and val class folders differ under {args.data_dir!r}")
