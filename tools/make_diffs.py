@@ -17,11 +17,13 @@ tests/test_ladder_diffs.py fails when these files differ from what this tool wou
 Standard library only.
 """
 import ast
+import atexit
 import difflib
 import functools
 import html
 import itertools
 import re
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -741,6 +743,7 @@ def lesson_root(root=ladder.ROOT):
     """A temporary directory holding each script of root as lean/ has it (its optional parts
     deleted): the guided pages teach the lesson from these, the lean neighbours."""
     lean = Path(tempfile.mkdtemp(prefix="ladder-lean-"))
+    atexit.register(shutil.rmtree, lean, True)  # gone with the process that made it
     for script in ladder.LADDER:
         (lean / script).write_text(strip(ladder.read(script, root)))
     return lean
