@@ -105,8 +105,7 @@ RESUME_MAY_CHANGE = ("workers", "out_dir", "log_interval", "resume", "ckpt_epoch
                      "cudnn_benchmark")
 CHECKPOINT_NAME = re.compile(r"^step_(\d+)\.pt$")
 # [optional: full disk]
-# sysexits.h's EX_IOERR: a write that failed (a full disk), which a requeueing script can tell from
-# bad input (2), a crash (1) and a preemption (75).
+# sysexits.h's EX_IOERR: a failed write (full disk), told from bad input 2, crash 1, preemption 75.
 EXIT_WRITE_FAILED = 74
 # [optional: preemption, mid-epoch]
 # sysexits.h's EX_TEMPFAIL, "try again later": a preempted run exits with it after its checkpoint.
@@ -205,7 +204,8 @@ def train(args):
         # [optional: mid-epoch]
         # A resumed epoch skips the samples its first steps consumed, on every process.
         train_loader.sampler.set_start(state.step_in_epoch * args.accum_steps * args.batch_size)
-        state.epoch = epoch
+        epoch_start = time.perf_counter()
+        epoch_start -= state.train_seconds  # [optional: mid-epoch]
         train_totals = train_one_epoch(args, model, train_loader, optimizer, scheduler, scaler,
                                        device, state)
         # [optional: mid-epoch]
@@ -218,13 +218,14 @@ def train(args):
         # [optional: preemption, mid-epoch]
         if val_totals is None:  # SIGTERM in validation: the checkpoint has validation to come
             return stop_run(args, model, optimizer, scheduler, scaler, state)
-        record = epoch_record(epoch, train_totals, val_totals, state.train_seconds,
+        record = epoch_record(epoch, train_totals, val_totals, val_start - epoch_start,
                               time.perf_counter() - val_start, scheduler.get_last_lr()[0])
         state.history.append(record)
         # The next epoch begins: from here on a checkpoint resumes at its start.
-        state.epoch, state.step_in_epoch, state.train_seconds = epoch + 1, 0, 0.0
-        state.train_totals = torch.zeros(3, dtype=torch.float64, device=device)
-        state.rng, state.loader_rng = rng_state(), train_loader.generator.get_state()
+        state.epoch, state.rng = epoch + 1, rng_state()
+        state.loader_rng = train_loader.generator.get_state()
+        state.step_in_epoch, state.train_seconds = 0, 0.0  # [optional: mid-epoch]
+        state.train_unreadable = 0  # [optional: unreadable files]
         log_epoch(record, args.epochs)
         rank0_only(rank, write_metrics, out_dir / "metrics.jsonl", state.history)
         # [optional: mid-epoch]
@@ -269,26 +270,27 @@ def autocast(args, device):
 
 
 def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, state):
-    """Train for the rest of the epoch; return [loss sum, samples, unreadable files] over the
-    epoch, all processes.
+    """Train one epoch; return [loss sum, samples] over the epoch, all processes.
     # [optional: mid-epoch]
-    None: every process stops at this step (--max-steps, SIGTERM); `state` holds it.
+    A resumed epoch, its rest. None: all stop at this step (--max-steps, SIGTERM); `state` holds it.
     """
     model.train()
-    # This process's sums so far in the epoch: zero at its start, or from a mid-epoch checkpoint.
-    totals = state.train_totals.clone()
-    # The epoch's batches: those its first steps took before a resume, and those left.
-    first_step, start_seconds = state.step_in_epoch, state.train_seconds
-    num_batches = first_step * args.accum_steps + len(loader)
-    num_steps = math.ceil(num_batches / args.accum_steps)
-    start, start_samples = time.perf_counter(), totals[1].item()
-    for batch_index, batch in enumerate(loader, start=first_step * args.accum_steps):
+    totals = torch.zeros(2, dtype=torch.float64, device=device)
+    num_steps = math.ceil(len(loader) / args.accum_steps)
+    start = time.perf_counter()
+    # [optional: mid-epoch]
+    # A resumed epoch goes on from its checkpoint's step: its steps, sums and time come first.
+    first_step, num_steps, start = (state.step_in_epoch, state.step_in_epoch + num_steps,
+                                    start - state.train_seconds)
+    totals += state.train_totals if first_step else 0  # [optional: mid-epoch]
+    for batch_index, batch in enumerate(loader):
         # [optional: unreadable files]
-        batch = report_unreadable(batch, totals, "trained on the next readable sample in its place")
+        batch, state.train_unreadable = report_unreadable(
+            batch, state.train_unreadable, "trained on the next readable sample in its place")
         batch = to_device(batch, device, args.channels_last)
         # Micro-batches form groups of accum_steps; the epoch's last group may be shorter.
         group_start = batch_index - batch_index % args.accum_steps
-        group_size = min(args.accum_steps, num_batches - group_start)
+        group_size = min(args.accum_steps, len(loader) - group_start)
         last_in_group = batch_index == group_start + group_size - 1
         # DDP decides during the forward whether the coming backward all-reduces, so no_sync must
         # cover the forward and the backward of every micro-batch but the group's last.
@@ -320,10 +322,12 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
         lr = scheduler.get_last_lr()[0]
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        step = batch_index // args.accum_steps + 1
-        # `state` follows every optimizer step: a checkpoint holds the last one.
-        state.step_in_epoch, state.global_step = step, state.global_step + 1
-        state.train_totals, state.rng = totals.clone(), rng_state()
+        step, state.global_step = batch_index // args.accum_steps + 1, state.global_step + 1
+        # [optional: mid-epoch]
+        # `state` follows every optimizer step: a checkpoint within the epoch holds the last one.
+        step, state.train_totals, state.rng, state.train_seconds = (
+            first_step + step, totals.clone(), rng_state(), time.perf_counter() - start)
+        state.step_in_epoch = step  # [optional: mid-epoch]
         if step % args.log_interval == 0 or step == num_steps:
             samples = totals[1].item()  # waits for the GPU: the clock is read after it
             elapsed = time.perf_counter() - start
@@ -331,11 +335,8 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
             # Rank 0's own loss, and its throughput times the number of processes.
             log(f"epoch {state.epoch + 1}/{args.epochs} step {step}/{num_steps} "
                 f"loss {totals[0].item() / samples:.4f} | lr {lr:.6g}{norm} | "
-                f"{(samples - start_samples) * dist.get_world_size() / elapsed:.0f} samples/s"
-                f"{peak_memory(device)} | "
-                f"eta {format_seconds(elapsed / (step - first_step) * (num_steps - step))}")
-        # After the progress line's wait for the GPU, which the epoch's last step always has.
-        state.train_seconds = start_seconds + time.perf_counter() - start
+                f"{samples * dist.get_world_size() / elapsed:.0f} samples/s{peak_memory(device)} | "
+                f"eta {format_seconds(elapsed / step * (num_steps - step))}")
         # [optional: preemption, mid-epoch]
         if PREEMPTION.agreed:  # after the step: the forwards' BatchNorm statistics are the step's
             return None
@@ -346,17 +347,18 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
         # [optional: mid-epoch]
         if step < num_steps and args.ckpt_steps and state.global_step % args.ckpt_steps == 0:
             save_checkpoint(args, model, optimizer, scheduler, scaler, state)
+    # [optional: unreadable files]
+    totals = torch.cat([totals, totals.new_tensor([state.train_unreadable])])
     # One all-reduce after the loop turns per-process sums into global ones.
-    epoch_totals = totals.clone()
-    dist.all_reduce(epoch_totals)
-    return epoch_totals
+    dist.all_reduce(totals)
+    return totals
 
 
 @torch.no_grad()
 def evaluate(args, model, loader, device):
-    """Return the sums of EVAL_METRICS, the number of samples and of unreadable files over the
-    whole set: sums, since a mean over batches of different sizes is not the mean over samples.
-    Each process scores its shard; one all-reduce adds them.
+    """Return the sums of EVAL_METRICS and the number of samples over the whole set: sums, since a
+    mean over batches of different sizes is not the mean over samples. Each process scores its
+    shard; one all-reduce adds them.
     # [optional: preemption, mid-epoch]
     None: every process stops at this batch (SIGTERM).
     """
@@ -364,23 +366,28 @@ def evaluate(args, model, loader, device):
     # of the model saved: each has updated its own since DDP last broadcast them.
     broadcast_buffers(model)
     model.eval()
-    totals = torch.zeros(len(EVAL_METRICS) + 2, dtype=torch.float64, device=device)
-    batches = iter(loader)
-    # Shards differ by one sample at most: every process goes round as often as the longest shard
-    # has batches, so that all can agree on a stop. None: past the shard's end.
-    longest = math.ceil(len(loader.dataset) / dist.get_world_size())
-    for _ in range(math.ceil(longest / args.batch_size)):
-        batch = next(batches, None)
-        # [optional: unreadable files]
-        batch = report_unreadable(batch, totals, "left out of validation")
-        if batch is not None:
-            with autocast(args, device):
-                sums, count = evaluate_batch(model, to_device(batch, device, args.channels_last))
-            totals[:-2] += sums
-            totals[-2] += count
+    totals = torch.zeros(len(EVAL_METRICS) + 1, dtype=torch.float64, device=device)
+    unreadable = 0  # [optional: unreadable files]
+    for batch in loader:
         # [optional: preemption, mid-epoch]
-        if PREEMPTION.poll():
+        if PREEMPTION.poll():  # before every batch: as often on every process, see below
             return None
+        # [optional: unreadable files]
+        batch, unreadable = report_unreadable(batch, unreadable, "left out of validation")
+        # [optional: unreadable files]
+        if batch is None:  # none of its files could be read
+            continue
+        with autocast(args, device):
+            sums, count = evaluate_batch(model, to_device(batch, device, args.channels_last))
+        totals[:-1] += sums
+        totals[-1] += count
+    # [optional: preemption, mid-epoch]
+    # Shards differ by one sample at most: one a batch shorter than the longest polls once more.
+    if len(loader) < math.ceil(len(loader.dataset) / (dist.get_world_size() * args.batch_size)) \
+            and PREEMPTION.poll():
+        return None
+    # [optional: unreadable files]
+    totals = torch.cat([totals, totals.new_tensor([unreadable])])
     dist.all_reduce(totals)
     return totals.cpu()  # waits for the GPU: validation's time is read after it
 
@@ -399,18 +406,19 @@ def broadcast_buffers(model):
 
 
 def val_record(val_totals):
-    """Validation's means over all samples, and the samples and unreadable files counted."""
-    count = val_totals[-2].item()
+    """Validation's means over all samples, and the samples counted."""
+    count = val_totals[len(EVAL_METRICS)].item()
     record = {f"val_{name}": val_totals[i].item() / count for i, name in enumerate(EVAL_METRICS)}
-    return {**record, "val_samples": int(count), "val_unreadable": int(val_totals[-1].item())}
+    record["val_unreadable"] = int(val_totals[-1].item())  # [optional: unreadable files]
+    return {**record, "val_samples": int(count)}
 
 
 def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds, lr):
-    """One line of metrics.jsonl: means over all samples, the samples and unreadable files counted,
-    timings, and the learning rate the schedule has reached."""
+    """One line of metrics.jsonl: means over all samples, the samples counted, timings, and the
+    learning rate the schedule has reached."""
     return {"epoch": epoch + 1, "train_loss": train_totals[0].item() / train_totals[1].item(),
-            "train_unreadable": int(train_totals[2].item()), **val_record(val_totals),
-            "samples_per_sec": train_totals[1].item() / train_seconds,
+            "train_unreadable": int(train_totals[-1].item()),  # [optional: unreadable files]
+            **val_record(val_totals), "samples_per_sec": train_totals[1].item() / train_seconds,
             "train_seconds": train_seconds, "val_seconds": val_seconds, "lr": lr}
 
 
@@ -727,9 +735,8 @@ class Preemption:
         return self.agreed
 
     def close(self):
-        """Finish the last all-reduce, which every process started, and give SIGTERM back: an
-        installed handler would keep this group alive to the interpreter's exit, too late for gloo's
-        threads."""
+        """Finish the last all-reduce, which every process started, and give SIGTERM back: a handler
+        left installed keeps this group alive to the interpreter's exit, too late for gloo."""
         if self.group is None:
             return
         if self.pending is not None:
@@ -879,20 +886,22 @@ class TrainState:
 
     # The same on every process:
     epoch: int = 0  # the epoch under way; those before it are done, validation included
-    step_in_epoch: int = 0  # its optimizer steps done
     global_step: int = 0
     history: list = dataclasses.field(default_factory=list)  # one metrics record per epoch done
+    step_in_epoch: int = 0  # [optional: mid-epoch]
     # Each process's own (rank 0 gathers them):
     rng: dict = None  # Python's and torch's random states
     loader_rng: torch.Tensor = None  # the data loader's generator as the epoch began
-    train_totals: torch.Tensor = None  # [loss sum, samples, unreadable] of the epoch so far
-    train_seconds: float = 0.0  # time spent training in the epoch so far
+    train_totals: torch.Tensor = None  # [optional: mid-epoch]
+    train_seconds: float = 0.0  # [optional: mid-epoch]
+    train_unreadable: int = 0  # [optional: unreadable files]
 
 
-SHARED_STATE = ("epoch", "step_in_epoch", "global_step", "history")
-
-
-PER_PROCESS_STATE = ("rng", "loader_rng", "train_totals", "train_seconds")
+SHARED_STATE = ("epoch", "global_step", "history")
+SHARED_STATE += ("step_in_epoch",)  # [optional: mid-epoch]
+PER_PROCESS_STATE = ("rng", "loader_rng")
+PER_PROCESS_STATE += ("train_totals", "train_seconds")  # [optional: mid-epoch]
+PER_PROCESS_STATE += ("train_unreadable",)  # [optional: unreadable files]
 
 
 def rng_state():
@@ -911,10 +920,10 @@ def set_rng_state(state):
 def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
     """Write everything an exact resume needs; every process calls this, rank 0 writes the file."""
     start, rank = time.perf_counter(), dist.get_rank()
-    # Each process draws its own random numbers and holds its own partial sums: rank 0 gathers
-    # them, and a resume gives each back to the process of the same rank.
+    # Each process draws its own random numbers: rank 0 gathers every process's own state, and a
+    # resume gives each back to the process of the same rank.
     per_process = {name: getattr(state, name) for name in PER_PROCESS_STATE}
-    per_process["train_totals"] = state.train_totals.cpu()
+    per_process["train_totals"] = state.train_totals.cpu()  # [optional: mid-epoch]
     gathered = [None] * dist.get_world_size() if rank == 0 else None
     dist.gather_object(per_process, gathered, dst=0)
     checkpoint = {
@@ -937,9 +946,7 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
         # The lowest steps go, never the one just written (a run afresh among a longer one's).
         for old in [p for p in list_checkpoints(ckpt_dir) if p != path][args.keep_last - 1:]:
             old.unlink()
-    where = f"end of epoch {state.epoch}" if state.step_in_epoch == 0 else \
-        f"epoch {state.epoch + 1} step {state.step_in_epoch}"
-    log(f"checkpoint {path} ({where}) in {time.perf_counter() - start:.2f} s")
+    log(f"checkpoint {path} in {time.perf_counter() - start:.2f} s")
 
 
 def list_checkpoints(ckpt_dir):
@@ -1042,7 +1049,7 @@ def restore(checkpoint, path, model, optimizer, scheduler, scaler, rank, device)
     state = TrainState(**{name: checkpoint[name] for name in SHARED_STATE},
                        **checkpoint["rank_states"][rank])
     set_rng_state(state.rng)
-    state.train_totals = state.train_totals.to(device)
+    state.train_totals = state.train_totals.to(device)  # [optional: mid-epoch]
     return state
 
 
@@ -1067,8 +1074,7 @@ def start_or_resume(checkpoint, path, model, optimizer, scheduler, scaler, train
                     device):
     """The TrainState to start from: a fresh one, or the checkpoint's with all it holds restored."""
     if checkpoint is None:
-        return TrainState(rng=rng_state(), loader_rng=train_loader.generator.get_state(),
-                          train_totals=torch.zeros(3, dtype=torch.float64, device=device))
+        return TrainState(rng=rng_state(), loader_rng=train_loader.generator.get_state())
     state = restore(checkpoint, path, model, optimizer, scheduler, scaler, rank, device)
     train_loader.generator.set_state(state.loader_rng)
     return state
@@ -1218,15 +1224,12 @@ def collate_readable(items):
 
 
 # [optional: unreadable files]
-def report_unreadable(item, totals, instead):
-    """The batch of a (batch, unreadable files) pair; each file is warned of and counted."""
-    if item is None:  # past the end of a validation shard
-        return None
+def report_unreadable(item, count, instead):
+    """(The batch of a (batch, unreadable files) pair, count + its files), each file warned of."""
     batch, unreadable = item
     for name in unreadable:
         warn(f"cannot read {name}: {instead}")
-    totals[-1] += len(unreadable)
-    return batch
+    return batch, count + len(unreadable)
 
 
 # --- model ----------------------------------------------------------------------------------------
@@ -1271,8 +1274,7 @@ def read_state_dict(path):
     """The weights in a file: a model.pt, a plain state dict, or a checkpoint holding "model"."""
     try:
         # weights_only: tensors and plain containers only, so loading a file runs no code from it.
-        # mmap: the tensors stay the file's pages, read as they are used, never a copy in memory
-        # (torch.save's zip format; an older file is read whole).
+        # mmap: tensors stay the file's pages, read as used, not copied (torch.save's zip format).
         state = torch.load(path, map_location="cpu", weights_only=True,
                            mmap=zipfile.is_zipfile(path))
     except Exception as err:  # weights_only runs nothing from the file: what fails is the file
@@ -1348,9 +1350,8 @@ def prepare_out_dir(args):
 
 
 def atomic_save(obj, path):
-    """Write obj (bytes, or what torch.save takes) to a temporary file, flushed to the disk, then
-    rename it: a reader sees the old file or the new, never half of one, even after a power cut. A
-    write that fails leaves the old file and no temporary one."""
+    """Write obj (bytes, or what torch.save takes) to a temporary file flushed to the disk, then
+    rename it: a reader sees the old file or the new, never half of one, even after a power cut."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
@@ -1459,9 +1460,8 @@ def parse_args(argv=None):
                         help="peak learning rate (default: 0.03 with sgd, 1e-3 with adamw)")
     # [optional: constant lr]
     parser.add_argument("--lr-schedule", choices=["cosine", "constant"], default="cosine",
-                        help="cosine: linear warm-up to --lr, then cosine decay to 0 at the last "
-                             "step; constant: --lr throughout, no warm-up (a resume may then "
-                             "change --epochs)")
+                        help="cosine: warm-up to --lr, then cosine decay to 0 at the last step; "
+                             "constant: --lr throughout (a resume may then change --epochs)")
     parser.add_argument("--warmup-epochs", type=float, default=1.0,
                         help="epochs of linear warm-up of the cosine schedule")
     parser.add_argument("--weight-decay", type=float, default=None,
@@ -1493,8 +1493,7 @@ def parse_args(argv=None):
     parser.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none",
                         help="autocast the forward to this precision; fp16 adds a GradScaler")
     parser.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
-                        help="4-D inputs and weights in channels-last memory order (default: on "
-                             "GPUs)")
+                        help="4-D inputs and weights in channels-last order (default: on GPUs)")
     parser.add_argument("--accum-steps", type=int, default=1,
                         help="micro-batches whose gradients are summed before each optimizer step")
     parser.add_argument("--clip-grad-norm", type=float, default=0.0,
@@ -1626,7 +1625,9 @@ def recipe(args):
 def log_resume(args, checkpoint_path, state):
     """Say where a resumed run goes on, or that it already completed every epoch."""
     if checkpoint_path is not None:
-        log(f"resumed from {checkpoint_path}: epoch {state.epoch + 1}, step {state.step_in_epoch}")
+        where = f"epoch {state.epoch + 1}"
+        where += f", step {state.step_in_epoch}"  # [optional: mid-epoch]
+        log(f"resumed from {checkpoint_path}: {where}")
     if state.epoch >= args.epochs:
         log(f"nothing to train: the run already completed {state.epoch} epochs; start afresh with "
             f"--resume none or another --out-dir")
@@ -1634,14 +1635,15 @@ def log_resume(args, checkpoint_path, state):
 
 def log_epoch(record, epochs):
     metrics = " ".join(f"val_{name} {record[f'val_{name}']:.4f}" for name in EVAL_METRICS)
-    unreadable = record.get("train_unreadable", 0) + record["val_unreadable"]  # epoch 0: val only
-    skipped = f" | unreadable files skipped: {unreadable}" if unreadable else ""
     # [optional: init-from]
     if record["epoch"] == 0:  # the starting weights of a fine-tuning run: no training yet
         log(f"epoch 0/{epochs} (starting weights) {metrics} ({record['val_samples']} samples)")
         return
     log(f"epoch {record['epoch']}/{epochs} train_loss {record['train_loss']:.4f} {metrics} "
-        f"({record['val_samples']} samples) | {record['samples_per_sec']:.0f} samples/s{skipped}")
+        f"({record['val_samples']} samples) | {record['samples_per_sec']:.0f} samples/s")
+    # [optional: unreadable files]
+    if unreadable := record["train_unreadable"] + record["val_unreadable"]:
+        log(f"epoch {record['epoch']}: unreadable files skipped: {unreadable}")
 
 
 if __name__ == "__main__":

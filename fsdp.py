@@ -137,8 +137,7 @@ RESUME_MAY_CHANGE = ("workers", "out_dir", "log_interval", "resume", "ckpt_epoch
 # .metadata, and train_state.pt (what is not sharded).
 CHECKPOINT_NAME = re.compile(r"^step_(\d+)$")
 # [optional: full disk]
-# sysexits.h's EX_IOERR: a write that failed (a full disk), which a requeueing script can tell from
-# bad input (2), a crash (1) and a preemption (75).
+# sysexits.h's EX_IOERR: a failed write (full disk), told from bad input 2, crash 1, preemption 75.
 EXIT_WRITE_FAILED = 74
 # [optional: preemption, mid-epoch]
 # sysexits.h's EX_TEMPFAIL, "try again later": a preempted run exits with it after its checkpoint.
@@ -229,7 +228,8 @@ def train(args):
         # [optional: mid-epoch]
         # A resumed epoch skips the samples its first steps consumed, on any number of processes.
         train_loader.sampler.set_start(state.epoch_position)
-        state.epoch = epoch
+        epoch_start = time.perf_counter()
+        epoch_start -= state.train_seconds  # [optional: mid-epoch]
         train_totals = train_one_epoch(args, model, train_loader, optimizer, scheduler, scaler,
                                        device, state)
         # [optional: mid-epoch]
@@ -241,14 +241,15 @@ def train(args):
         # [optional: preemption, mid-epoch]
         if val_totals is None:  # SIGTERM in validation: the checkpoint has validation to come
             return stop_run(args, model, optimizer, scheduler, scaler, state)
-        record = epoch_record(epoch, train_totals, val_totals, state.train_seconds,
+        record = epoch_record(epoch, train_totals, val_totals, val_start - epoch_start,
                               time.perf_counter() - val_start, scheduler.get_last_lr()[0])
         state.history.append(record)
         # The next epoch begins: from here on a checkpoint resumes at its start.
-        state.epoch, state.step_in_epoch, state.train_seconds = epoch + 1, 0, 0.0
-        state.train_totals = torch.zeros(3, dtype=torch.float64, device=device)
-        state.rng, state.loader_rng = rng_state(), train_loader.generator.get_state()
-        state.epoch_position = 0
+        state.epoch, state.rng = epoch + 1, rng_state()
+        state.loader_rng = train_loader.generator.get_state()
+        # [optional: mid-epoch]
+        state.step_in_epoch, state.epoch_position, state.train_seconds = 0, 0, 0.0
+        state.train_unreadable = 0  # [optional: unreadable files]
         log_epoch(record, args.epochs)
         rank0_only(rank, write_metrics, out_dir / "metrics.jsonl", state.history)
         # [optional: mid-epoch]
@@ -299,28 +300,27 @@ def autocast(args, device, model):
 
 
 def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, state):
-    """Train for the rest of the epoch; return [loss sum, samples, unreadable files] over the
-    epoch, all processes.
+    """Train one epoch; return [loss sum, samples] over the epoch, all processes.
     # [optional: mid-epoch]
-    None: every process stops at this step (--max-steps, SIGTERM); `state` holds it.
+    A resumed epoch, its rest. None: all stop at this step (--max-steps, SIGTERM); `state` holds it.
     """
     model.train()
-    # This process's sums so far in the epoch: zero at its start, or from a mid-epoch checkpoint.
-    totals = state.train_totals.clone()
-    # The epoch's batches: those its first steps took before a resume (on this number of processes
-    # or another), and those left.
-    first_step, start_seconds = state.step_in_epoch, state.train_seconds
-    num_batches = first_step * args.accum_steps + len(loader)
-    num_steps = math.ceil(num_batches / args.accum_steps)
-    first_position, world_size = state.epoch_position, dist.get_world_size()
-    start, start_samples = time.perf_counter(), totals[1].item()
-    for batch_index, batch in enumerate(loader, start=first_step * args.accum_steps):
+    totals = torch.zeros(2, dtype=torch.float64, device=device)
+    num_steps = math.ceil(len(loader) / args.accum_steps)
+    start = time.perf_counter()
+    # [optional: mid-epoch]
+    # A resumed epoch goes on from its checkpoint's step: its steps, sums and time come first.
+    first_step, num_steps, start = (state.step_in_epoch, state.step_in_epoch + num_steps,
+                                    start - state.train_seconds)
+    totals += state.train_totals if first_step else 0  # [optional: mid-epoch]
+    for batch_index, batch in enumerate(loader):
         # [optional: unreadable files]
-        batch = report_unreadable(batch, totals, "trained on the next readable sample in its place")
+        batch, state.train_unreadable = report_unreadable(
+            batch, state.train_unreadable, "trained on the next readable sample in its place")
         batch = to_device(batch, device, args.channels_last)
         # Micro-batches form groups of accum_steps; the epoch's last group may be shorter.
         group_start = batch_index - batch_index % args.accum_steps
-        group_size = min(args.accum_steps, num_batches - group_start)
+        group_size = min(args.accum_steps, len(loader) - group_start)
         last_in_group = batch_index == group_start + group_size - 1
         with autocast(args, device, model):
             loss, count = batch_loss(model, batch)
@@ -358,12 +358,14 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
         lr = scheduler.get_last_lr()[0]
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        step = batch_index // args.accum_steps + 1
-        # `state` follows every optimizer step: a checkpoint holds the last one.
-        state.step_in_epoch, state.global_step = step, state.global_step + 1
-        state.train_totals, state.rng = totals.clone(), rng_state()
-        state.epoch_position = first_position + ((step - first_step) * args.accum_steps *
-                                                 args.batch_size * world_size)
+        step, state.global_step = batch_index // args.accum_steps + 1, state.global_step + 1
+        # [optional: mid-epoch]
+        # `state` follows every optimizer step: a checkpoint within the epoch holds the last one.
+        state.epoch_position += args.accum_steps * args.batch_size * dist.get_world_size()
+        # [optional: mid-epoch]
+        step, state.train_totals, state.rng, state.train_seconds = (
+            first_step + step, totals.clone(), rng_state(), time.perf_counter() - start)
+        state.step_in_epoch = step  # [optional: mid-epoch]
         if step % args.log_interval == 0 or step == num_steps:
             samples = totals[1].item()  # waits for the GPU: the clock is read after it
             elapsed = time.perf_counter() - start
@@ -373,11 +375,8 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
             # Rank 0's own loss, and its throughput times the number of processes.
             log(f"epoch {state.epoch + 1}/{args.epochs} step {step}/{num_steps} "
                 f"loss {totals[0].item() / samples:.4f} | lr {lr:.6g}{norm} | "
-                f"{(samples - start_samples) * world_size / elapsed:.0f} samples/s"
-                f"{peak_memory(device)} | "
-                f"eta {format_seconds(elapsed / (step - first_step) * (num_steps - step))}")
-        # After the progress line's wait for the GPU, which the epoch's last step always has.
-        state.train_seconds = start_seconds + time.perf_counter() - start
+                f"{samples * dist.get_world_size() / elapsed:.0f} samples/s{peak_memory(device)} | "
+                f"eta {format_seconds(elapsed / step * (num_steps - step))}")
         # [optional: preemption, mid-epoch]
         if PREEMPTION.agreed:  # after the step: the forwards' BatchNorm statistics are the step's
             return None
@@ -388,17 +387,18 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
         # [optional: mid-epoch]
         if step < num_steps and args.ckpt_steps and state.global_step % args.ckpt_steps == 0:
             save_checkpoint(args, model, optimizer, scheduler, scaler, state)
+    # [optional: unreadable files]
+    totals = torch.cat([totals, totals.new_tensor([state.train_unreadable])])
     # One all-reduce after the loop turns per-process sums into global ones.
-    epoch_totals = totals.clone()
-    dist.all_reduce(epoch_totals)
-    return epoch_totals
+    dist.all_reduce(totals)
+    return totals
 
 
 @torch.no_grad()
 def evaluate(args, model, loader, device):
-    """Return the sums of EVAL_METRICS, the number of samples and of unreadable files over the
-    whole set: sums, since a mean over batches of different sizes is not the mean over samples.
-    Each process scores its shard; one all-reduce adds them.
+    """Return the sums of EVAL_METRICS and the number of samples over the whole set: sums, since a
+    mean over batches of different sizes is not the mean over samples. Each process scores its
+    shard; one all-reduce adds them.
     # [optional: preemption, mid-epoch]
     None: every process stops at this batch (SIGTERM).
     """
@@ -406,7 +406,8 @@ def evaluate(args, model, loader, device):
     # of the model saved: FSDP shards parameters, not buffers, and each process updates its own.
     broadcast_buffers(model)
     model.eval()
-    totals = torch.zeros(len(EVAL_METRICS) + 2, dtype=torch.float64, device=device)
+    totals = torch.zeros(len(EVAL_METRICS) + 1, dtype=torch.float64, device=device)
+    unreadable = 0  # [optional: unreadable files]
     batches = iter(loader)
     # Shards differ by one sample at most: every process goes round as often as the longest shard
     # has batches, so that all can agree on a stop. None: past the shard's end.
@@ -415,13 +416,13 @@ def evaluate(args, model, loader, device):
     for _ in range(math.ceil(longest / args.batch_size)):
         batch = next(batches, None)
         # [optional: unreadable files]
-        batch = report_unreadable(batch, totals, "left out of validation")
+        batch, unreadable = report_unreadable(batch, unreadable, "left out of validation")
         if batch is not None:
             batch = spare = to_device(batch, device, args.channels_last)
             with autocast(args, device, model):
                 sums, count = evaluate_batch(model, batch)
-            totals[:-2] += sums
-            totals[-2] += count
+            totals[:-1] += sums
+            totals[-1] += count
         else:
             # Every forward gathers each unit's parameters from all processes: a process that
             # skipped one would leave the others waiting in it until --timeout-min ends the run.
@@ -435,6 +436,8 @@ def evaluate(args, model, loader, device):
     # The root's parameters stay gathered after its forward, for the backward that follows in
     # training; none follows here: back to shards.
     model.reshard()
+    # [optional: unreadable files]
+    totals = torch.cat([totals, totals.new_tensor([unreadable])])
     dist.all_reduce(totals)
     return totals.cpu()  # waits for the GPU: validation's time is read after it
 
@@ -461,18 +464,19 @@ def spare_batch(loader, device, channels_last):
 
 
 def val_record(val_totals):
-    """Validation's means over all samples, and the samples and unreadable files counted."""
-    count = val_totals[-2].item()
+    """Validation's means over all samples, and the samples counted."""
+    count = val_totals[len(EVAL_METRICS)].item()
     record = {f"val_{name}": val_totals[i].item() / count for i, name in enumerate(EVAL_METRICS)}
-    return {**record, "val_samples": int(count), "val_unreadable": int(val_totals[-1].item())}
+    record["val_unreadable"] = int(val_totals[-1].item())  # [optional: unreadable files]
+    return {**record, "val_samples": int(count)}
 
 
 def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds, lr):
-    """One line of metrics.jsonl: means over all samples, the samples and unreadable files counted,
-    timings, and the learning rate the schedule has reached."""
+    """One line of metrics.jsonl: means over all samples, the samples counted, timings, and the
+    learning rate the schedule has reached."""
     return {"epoch": epoch + 1, "train_loss": train_totals[0].item() / train_totals[1].item(),
-            "train_unreadable": int(train_totals[2].item()), **val_record(val_totals),
-            "samples_per_sec": train_totals[1].item() / train_seconds,
+            "train_unreadable": int(train_totals[-1].item()),  # [optional: unreadable files]
+            **val_record(val_totals), "samples_per_sec": train_totals[1].item() / train_seconds,
             "train_seconds": train_seconds, "val_seconds": val_seconds, "lr": lr}
 
 
@@ -836,9 +840,8 @@ class Preemption:
         return self.agreed
 
     def close(self):
-        """Finish the last all-reduce, which every process started, and give SIGTERM back: an
-        installed handler would keep this group alive to the interpreter's exit, too late for gloo's
-        threads."""
+        """Finish the last all-reduce, which every process started, and give SIGTERM back: a handler
+        left installed keeps this group alive to the interpreter's exit, too late for gloo."""
         if self.group is None:
             return
         if self.pending is not None:
@@ -1220,21 +1223,24 @@ class TrainState:
 
     # The same on every process:
     epoch: int = 0  # the epoch under way; those before it are done, validation included
-    step_in_epoch: int = 0  # its optimizer steps done
     global_step: int = 0
-    epoch_position: int = 0  # samples of the epoch's order consumed by all processes together
     history: list = dataclasses.field(default_factory=list)  # one metrics record per epoch done
+    step_in_epoch: int = 0  # [optional: mid-epoch]
+    # [optional: mid-epoch]
+    epoch_position: int = 0  # samples of the epoch's order consumed by all processes together
     # Each process's own (rank 0 gathers them):
     rng: dict = None  # Python's and torch's random states
     loader_rng: torch.Tensor = None  # the data loader's generator as the epoch began
-    train_totals: torch.Tensor = None  # [loss sum, samples, unreadable] of the epoch so far
-    train_seconds: float = 0.0  # time spent training in the epoch so far
+    train_totals: torch.Tensor = None  # [optional: mid-epoch]
+    train_seconds: float = 0.0  # [optional: mid-epoch]
+    train_unreadable: int = 0  # [optional: unreadable files]
 
 
-SHARED_STATE = ("epoch", "step_in_epoch", "global_step", "epoch_position", "history")
-
-
-PER_PROCESS_STATE = ("rng", "loader_rng", "train_totals", "train_seconds")
+SHARED_STATE = ("epoch", "global_step", "history")
+SHARED_STATE += ("step_in_epoch", "epoch_position")  # [optional: mid-epoch]
+PER_PROCESS_STATE = ("rng", "loader_rng")
+PER_PROCESS_STATE += ("train_totals", "train_seconds")  # [optional: mid-epoch]
+PER_PROCESS_STATE += ("train_unreadable",)  # [optional: unreadable files]
 
 
 def rng_state():
@@ -1254,10 +1260,10 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
     """Write everything an exact resume needs; every process writes its own shards, in parallel,
     and rank 0 the rest. The checkpoint appears under its name only when all of it is written."""
     start, rank = time.perf_counter(), dist.get_rank()
-    # Each process draws its own random numbers and holds its own partial sums: rank 0 gathers
-    # them, and a resume on as many processes gives each back to the process of the same rank.
+    # Each process draws its own random numbers: rank 0 gathers every process's own state, and a
+    # resume on as many processes gives each back to the process of the same rank.
     per_process = {name: getattr(state, name) for name in PER_PROCESS_STATE}
-    per_process["train_totals"] = state.train_totals.cpu()
+    per_process["train_totals"] = state.train_totals.cpu()  # [optional: mid-epoch]
     gathered = [None] * dist.get_world_size() if rank == 0 else None
     dist.gather_object(per_process, gathered, dst=0)
     checkpoint = {
@@ -1314,9 +1320,7 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
         # The lowest steps go, never the one just written (a run afresh among a longer one's).
         for old in [p for p in list_checkpoints(ckpt_dir) if p != path][args.keep_last - 1:]:
             shutil.rmtree(old)
-    where = f"end of epoch {state.epoch}" if state.step_in_epoch == 0 else \
-        f"epoch {state.epoch + 1} step {state.step_in_epoch}"
-    log(f"checkpoint {path} ({where}) in {time.perf_counter() - start:.2f} s")
+    log(f"checkpoint {path} in {time.perf_counter() - start:.2f} s")
 
 
 # [optional: full disk]
@@ -1457,15 +1461,15 @@ def restore(checkpoint, path, model, optimizer, scheduler, scaler, rank, device)
     if len(rank_states) == dist.get_world_size():
         own = rank_states[rank]
     else:
-        # Another number of processes: no process's random states and partial sums are this
-        # one's. It keeps the random states it has (seeded with seed + rank), and rank 0 takes the
-        # sums of all, so that the epoch's totals stay whole.
-        own = {**rank_states[0], "rng": rng_state(), "loader_rng": None,
-               "train_totals": sum(r["train_totals"] for r in rank_states) if rank == 0 else
-               torch.zeros_like(rank_states[0]["train_totals"])}
+        # Another number of processes: no process's random states or partial sums are this one's.
+        # It keeps its own random states (seed + rank); rank 0 takes the sums of all, whole again.
+        own = {**rank_states[0], "rng": rng_state(), "loader_rng": None}
+        # [optional: mid-epoch]
+        for name in own.keys() & {"train_totals", "train_unreadable"}:
+            own[name] = sum(r[name] for r in rank_states) * (rank == 0)
     state = TrainState(**{name: checkpoint[name] for name in SHARED_STATE}, **own)
     set_rng_state(state.rng)
-    state.train_totals = state.train_totals.to(device)
+    state.train_totals = state.train_totals.to(device)  # [optional: mid-epoch]
     return state
 
 
@@ -1490,8 +1494,7 @@ def start_or_resume(args, checkpoint, path, model, optimizer, scheduler, scaler,
                     rank, device):
     """The TrainState to start from: a fresh one, or the checkpoint's with all it holds restored."""
     if checkpoint is None:
-        return TrainState(rng=rng_state(), loader_rng=train_loader.generator.get_state(),
-                          train_totals=torch.zeros(3, dtype=torch.float64, device=device))
+        return TrainState(rng=rng_state(), loader_rng=train_loader.generator.get_state())
     state = restore(checkpoint, path, model, optimizer, scheduler, scaler, rank, device)
     if state.loader_rng is None:
         state.loader_rng = train_loader.generator.get_state()
@@ -1500,9 +1503,10 @@ def start_or_resume(args, checkpoint, path, model, optimizer, scheduler, scaler,
     if checkpoint["world_size"] != dist.get_world_size():
         # Another number of processes takes another number of steps per epoch (the global batch
         # is another): the schedule goes on from the same fraction of the run, as the data goes on
-        # from the same sample (epoch_position).
+        # from the same sample.
         steps_per_epoch = math.ceil(len(train_loader) / args.accum_steps)
-        done = state.epoch + state.epoch_position / len(train_loader.dataset)
+        done = state.epoch
+        done += state.epoch_position / len(train_loader.dataset)  # [optional: mid-epoch]
         scheduler.last_epoch = round(done * steps_per_epoch) - 1
         scheduler.step()
     return state
@@ -1652,15 +1656,14 @@ def collate_readable(items):
 
 
 # [optional: unreadable files]
-def report_unreadable(item, totals, instead):
-    """The batch of a (batch, unreadable files) pair; each file is warned of and counted."""
+def report_unreadable(item, count, instead):
+    """(The batch of a (batch, unreadable files) pair, count + its files), each file warned of."""
     if item is None:  # past the end of a validation shard
-        return None
+        return None, count
     batch, unreadable = item
     for name in unreadable:
         warn(f"cannot read {name}: {instead}")
-    totals[-1] += len(unreadable)
-    return batch
+    return batch, count + len(unreadable)
 
 
 # --- model ----------------------------------------------------------------------------------------
@@ -1748,8 +1751,7 @@ def read_state_dict(path):
     """The weights in a file: a model.pt, a plain state dict, or a checkpoint holding "model"."""
     try:
         # weights_only: tensors and plain containers only, so loading a file runs no code from it.
-        # mmap: the tensors stay the file's pages, read as they are used, never a copy in memory
-        # (torch.save's zip format; an older file is read whole).
+        # mmap: tensors stay the file's pages, read as used, not copied (torch.save's zip format).
         state = torch.load(path, map_location="cpu", weights_only=True,
                            mmap=zipfile.is_zipfile(path))
     except Exception as err:  # weights_only runs nothing from the file: what fails is the file
@@ -1828,9 +1830,8 @@ def prepare_out_dir(args):
 
 
 def atomic_save(obj, path):
-    """Write obj (bytes, or what torch.save takes) to a temporary file, flushed to the disk, then
-    rename it: a reader sees the old file or the new, never half of one, even after a power cut. A
-    write that fails leaves the old file and no temporary one."""
+    """Write obj (bytes, or what torch.save takes) to a temporary file flushed to the disk, then
+    rename it: a reader sees the old file or the new, never half of one, even after a power cut."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
@@ -1950,9 +1951,8 @@ def parse_args(argv=None):
                         help="peak learning rate (default: 0.03 with sgd, 1e-3 with adamw)")
     # [optional: constant lr]
     parser.add_argument("--lr-schedule", choices=["cosine", "constant"], default="cosine",
-                        help="cosine: linear warm-up to --lr, then cosine decay to 0 at the last "
-                             "step; constant: --lr throughout, no warm-up (a resume may then "
-                             "change --epochs)")
+                        help="cosine: warm-up to --lr, then cosine decay to 0 at the last step; "
+                             "constant: --lr throughout (a resume may then change --epochs)")
     parser.add_argument("--warmup-epochs", type=float, default=1.0,
                         help="epochs of linear warm-up of the cosine schedule")
     parser.add_argument("--weight-decay", type=float, default=None,
@@ -2125,7 +2125,9 @@ def recipe(args):
 def log_resume(args, checkpoint_path, state):
     """Say where a resumed run goes on, or that it already completed every epoch."""
     if checkpoint_path is not None:
-        log(f"resumed from {checkpoint_path}: epoch {state.epoch + 1}, step {state.step_in_epoch}")
+        where = f"epoch {state.epoch + 1}"
+        where += f", step {state.step_in_epoch}"  # [optional: mid-epoch]
+        log(f"resumed from {checkpoint_path}: {where}")
     if state.epoch >= args.epochs:
         log(f"nothing to train: the run already completed {state.epoch} epochs; start afresh with "
             f"--resume none or another --out-dir")
@@ -2133,14 +2135,15 @@ def log_resume(args, checkpoint_path, state):
 
 def log_epoch(record, epochs):
     metrics = " ".join(f"val_{name} {record[f'val_{name}']:.4f}" for name in EVAL_METRICS)
-    unreadable = record.get("train_unreadable", 0) + record["val_unreadable"]  # epoch 0: val only
-    skipped = f" | unreadable files skipped: {unreadable}" if unreadable else ""
     # [optional: init-from]
     if record["epoch"] == 0:  # the starting weights of a fine-tuning run: no training yet
         log(f"epoch 0/{epochs} (starting weights) {metrics} ({record['val_samples']} samples)")
         return
     log(f"epoch {record['epoch']}/{epochs} train_loss {record['train_loss']:.4f} {metrics} "
-        f"({record['val_samples']} samples) | {record['samples_per_sec']:.0f} samples/s{skipped}")
+        f"({record['val_samples']} samples) | {record['samples_per_sec']:.0f} samples/s")
+    # [optional: unreadable files]
+    if unreadable := record["train_unreadable"] + record["val_unreadable"]:
+        log(f"epoch {record['epoch']}: unreadable files skipped: {unreadable}")
 
 
 if __name__ == "__main__":

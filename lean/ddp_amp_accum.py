@@ -544,8 +544,7 @@ def parse_args(argv=None):
     parser.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none",
                         help="autocast the forward to this precision; fp16 adds a GradScaler")
     parser.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
-                        help="4-D inputs and weights in channels-last memory order (default: on "
-                             "GPUs)")
+                        help="4-D inputs and weights in channels-last order (default: on GPUs)")
     parser.add_argument("--accum-steps", type=int, default=1,
                         help="micro-batches whose gradients are summed before each optimizer step")
     parser.add_argument("--clip-grad-norm", type=float, default=0.0,

@@ -131,20 +131,18 @@ def train(args):
     for epoch in range(state.epoch, args.epochs):
         # Without set_epoch the sampler repeats epoch 0's order in every epoch.
         train_loader.sampler.set_epoch(epoch)
-        state.epoch = epoch
+        epoch_start = time.perf_counter()
         train_totals = train_one_epoch(args, model, train_loader, optimizer, scheduler, scaler,
                                        device, state)
         # Every process evaluates its shard, as many forwards on each (see evaluate).
         val_start = time.perf_counter()
         val_totals = evaluate(args, model, val_loader, device)
-        record = epoch_record(epoch, train_totals, val_totals, state.train_seconds,
+        record = epoch_record(epoch, train_totals, val_totals, val_start - epoch_start,
                               time.perf_counter() - val_start, scheduler.get_last_lr()[0])
         state.history.append(record)
         # The next epoch begins: from here on a checkpoint resumes at its start.
-        state.epoch, state.step_in_epoch, state.train_seconds = epoch + 1, 0, 0.0
-        state.train_totals = torch.zeros(3, dtype=torch.float64, device=device)
-        state.rng, state.loader_rng = rng_state(), train_loader.generator.get_state()
-        state.epoch_position = 0
+        state.epoch, state.rng = epoch + 1, rng_state()
+        state.loader_rng = train_loader.generator.get_state()
         log_epoch(record, args.epochs)
         rank0_only(rank, write_metrics, out_dir / "metrics.jsonl", state.history)
         if epoch + 1 == args.epochs or args.ckpt_epochs and (epoch + 1) % args.ckpt_epochs == 0:
@@ -188,24 +186,17 @@ def autocast(args, device, model):
 
 
 def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, state):
-    """Train for the rest of the epoch; return [loss sum, samples, unreadable files] over the
-    epoch, all processes.
+    """Train one epoch; return [loss sum, samples] over the epoch, all processes.
     """
     model.train()
-    # This process's sums so far in the epoch: zero at its start, or from a mid-epoch checkpoint.
-    totals = state.train_totals.clone()
-    # The epoch's batches: those its first steps took before a resume (on this number of processes
-    # or another), and those left.
-    first_step, start_seconds = state.step_in_epoch, state.train_seconds
-    num_batches = first_step * args.accum_steps + len(loader)
-    num_steps = math.ceil(num_batches / args.accum_steps)
-    first_position, world_size = state.epoch_position, dist.get_world_size()
-    start, start_samples = time.perf_counter(), totals[1].item()
-    for batch_index, batch in enumerate(loader, start=first_step * args.accum_steps):
+    totals = torch.zeros(2, dtype=torch.float64, device=device)
+    num_steps = math.ceil(len(loader) / args.accum_steps)
+    start = time.perf_counter()
+    for batch_index, batch in enumerate(loader):
         batch = to_device(batch, device, args.channels_last)
         # Micro-batches form groups of accum_steps; the epoch's last group may be shorter.
         group_start = batch_index - batch_index % args.accum_steps
-        group_size = min(args.accum_steps, num_batches - group_start)
+        group_size = min(args.accum_steps, len(loader) - group_start)
         last_in_group = batch_index == group_start + group_size - 1
         with autocast(args, device, model):
             loss, count = batch_loss(model, batch)
@@ -237,12 +228,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
         lr = scheduler.get_last_lr()[0]
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        step = batch_index // args.accum_steps + 1
-        # `state` follows every optimizer step: a checkpoint holds the last one.
-        state.step_in_epoch, state.global_step = step, state.global_step + 1
-        state.train_totals, state.rng = totals.clone(), rng_state()
-        state.epoch_position = first_position + ((step - first_step) * args.accum_steps *
-                                                 args.batch_size * world_size)
+        step, state.global_step = batch_index // args.accum_steps + 1, state.global_step + 1
         if step % args.log_interval == 0 or step == num_steps:
             samples = totals[1].item()  # waits for the GPU: the clock is read after it
             elapsed = time.perf_counter() - start
@@ -252,28 +238,24 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
             # Rank 0's own loss, and its throughput times the number of processes.
             log(f"epoch {state.epoch + 1}/{args.epochs} step {step}/{num_steps} "
                 f"loss {totals[0].item() / samples:.4f} | lr {lr:.6g}{norm} | "
-                f"{(samples - start_samples) * world_size / elapsed:.0f} samples/s"
-                f"{peak_memory(device)} | "
-                f"eta {format_seconds(elapsed / (step - first_step) * (num_steps - step))}")
-        # After the progress line's wait for the GPU, which the epoch's last step always has.
-        state.train_seconds = start_seconds + time.perf_counter() - start
+                f"{samples * dist.get_world_size() / elapsed:.0f} samples/s{peak_memory(device)} | "
+                f"eta {format_seconds(elapsed / step * (num_steps - step))}")
     # One all-reduce after the loop turns per-process sums into global ones.
-    epoch_totals = totals.clone()
-    dist.all_reduce(epoch_totals)
-    return epoch_totals
+    dist.all_reduce(totals)
+    return totals
 
 
 @torch.no_grad()
 def evaluate(args, model, loader, device):
-    """Return the sums of EVAL_METRICS, the number of samples and of unreadable files over the
-    whole set: sums, since a mean over batches of different sizes is not the mean over samples.
-    Each process scores its shard; one all-reduce adds them.
+    """Return the sums of EVAL_METRICS and the number of samples over the whole set: sums, since a
+    mean over batches of different sizes is not the mean over samples. Each process scores its
+    shard; one all-reduce adds them.
     """
     # Every process scores its shard with rank 0's buffers (BatchNorm's running statistics), those
     # of the model saved: FSDP shards parameters, not buffers, and each process updates its own.
     broadcast_buffers(model)
     model.eval()
-    totals = torch.zeros(len(EVAL_METRICS) + 2, dtype=torch.float64, device=device)
+    totals = torch.zeros(len(EVAL_METRICS) + 1, dtype=torch.float64, device=device)
     batches = iter(loader)
     # Shards differ by one sample at most: every process goes round as often as the longest shard
     # has batches, so that all can agree on a stop. None: past the shard's end.
@@ -285,8 +267,8 @@ def evaluate(args, model, loader, device):
             batch = spare = to_device(batch, device, args.channels_last)
             with autocast(args, device, model):
                 sums, count = evaluate_batch(model, batch)
-            totals[:-2] += sums
-            totals[-2] += count
+            totals[:-1] += sums
+            totals[-1] += count
         else:
             # Every forward gathers each unit's parameters from all processes: a process that
             # skipped one would leave the others waiting in it until --timeout-min ends the run.
@@ -321,18 +303,17 @@ def spare_batch(loader, device, channels_last):
 
 
 def val_record(val_totals):
-    """Validation's means over all samples, and the samples and unreadable files counted."""
-    count = val_totals[-2].item()
+    """Validation's means over all samples, and the samples counted."""
+    count = val_totals[len(EVAL_METRICS)].item()
     record = {f"val_{name}": val_totals[i].item() / count for i, name in enumerate(EVAL_METRICS)}
-    return {**record, "val_samples": int(count), "val_unreadable": int(val_totals[-1].item())}
+    return {**record, "val_samples": int(count)}
 
 
 def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds, lr):
-    """One line of metrics.jsonl: means over all samples, the samples and unreadable files counted,
-    timings, and the learning rate the schedule has reached."""
+    """One line of metrics.jsonl: means over all samples, the samples counted, timings, and the
+    learning rate the schedule has reached."""
     return {"epoch": epoch + 1, "train_loss": train_totals[0].item() / train_totals[1].item(),
-            "train_unreadable": int(train_totals[2].item()), **val_record(val_totals),
-            "samples_per_sec": train_totals[1].item() / train_seconds,
+            **val_record(val_totals), "samples_per_sec": train_totals[1].item() / train_seconds,
             "train_seconds": train_seconds, "val_seconds": val_seconds, "lr": lr}
 
 
@@ -837,21 +818,15 @@ class TrainState:
 
     # The same on every process:
     epoch: int = 0  # the epoch under way; those before it are done, validation included
-    step_in_epoch: int = 0  # its optimizer steps done
     global_step: int = 0
-    epoch_position: int = 0  # samples of the epoch's order consumed by all processes together
     history: list = dataclasses.field(default_factory=list)  # one metrics record per epoch done
     # Each process's own (rank 0 gathers them):
     rng: dict = None  # Python's and torch's random states
     loader_rng: torch.Tensor = None  # the data loader's generator as the epoch began
-    train_totals: torch.Tensor = None  # [loss sum, samples, unreadable] of the epoch so far
-    train_seconds: float = 0.0  # time spent training in the epoch so far
 
 
-SHARED_STATE = ("epoch", "step_in_epoch", "global_step", "epoch_position", "history")
-
-
-PER_PROCESS_STATE = ("rng", "loader_rng", "train_totals", "train_seconds")
+SHARED_STATE = ("epoch", "global_step", "history")
+PER_PROCESS_STATE = ("rng", "loader_rng")
 
 
 def rng_state():
@@ -871,10 +846,9 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
     """Write everything an exact resume needs; every process writes its own shards, in parallel,
     and rank 0 the rest. The checkpoint appears under its name only when all of it is written."""
     start, rank = time.perf_counter(), dist.get_rank()
-    # Each process draws its own random numbers and holds its own partial sums: rank 0 gathers
-    # them, and a resume on as many processes gives each back to the process of the same rank.
+    # Each process draws its own random numbers: rank 0 gathers every process's own state, and a
+    # resume on as many processes gives each back to the process of the same rank.
     per_process = {name: getattr(state, name) for name in PER_PROCESS_STATE}
-    per_process["train_totals"] = state.train_totals.cpu()
     gathered = [None] * dist.get_world_size() if rank == 0 else None
     dist.gather_object(per_process, gathered, dst=0)
     checkpoint = {
@@ -926,9 +900,7 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
         # The lowest steps go, never the one just written (a run afresh among a longer one's).
         for old in [p for p in list_checkpoints(ckpt_dir) if p != path][args.keep_last - 1:]:
             shutil.rmtree(old)
-    where = f"end of epoch {state.epoch}" if state.step_in_epoch == 0 else \
-        f"epoch {state.epoch + 1} step {state.step_in_epoch}"
-    log(f"checkpoint {path} ({where}) in {time.perf_counter() - start:.2f} s")
+    log(f"checkpoint {path} in {time.perf_counter() - start:.2f} s")
 
 
 def list_checkpoints(ckpt_dir):
@@ -1044,15 +1016,11 @@ def restore(checkpoint, path, model, optimizer, scheduler, scaler, rank, device)
     if len(rank_states) == dist.get_world_size():
         own = rank_states[rank]
     else:
-        # Another number of processes: no process's random states and partial sums are this
-        # one's. It keeps the random states it has (seeded with seed + rank), and rank 0 takes the
-        # sums of all, so that the epoch's totals stay whole.
-        own = {**rank_states[0], "rng": rng_state(), "loader_rng": None,
-               "train_totals": sum(r["train_totals"] for r in rank_states) if rank == 0 else
-               torch.zeros_like(rank_states[0]["train_totals"])}
+        # Another number of processes: no process's random states or partial sums are this one's.
+        # It keeps its own random states (seed + rank); rank 0 takes the sums of all, whole again.
+        own = {**rank_states[0], "rng": rng_state(), "loader_rng": None}
     state = TrainState(**{name: checkpoint[name] for name in SHARED_STATE}, **own)
     set_rng_state(state.rng)
-    state.train_totals = state.train_totals.to(device)
     return state
 
 
@@ -1064,8 +1032,7 @@ def start_or_resume(args, checkpoint, path, model, optimizer, scheduler, scaler,
                     rank, device):
     """The TrainState to start from: a fresh one, or the checkpoint's with all it holds restored."""
     if checkpoint is None:
-        return TrainState(rng=rng_state(), loader_rng=train_loader.generator.get_state(),
-                          train_totals=torch.zeros(3, dtype=torch.float64, device=device))
+        return TrainState(rng=rng_state(), loader_rng=train_loader.generator.get_state())
     state = restore(checkpoint, path, model, optimizer, scheduler, scaler, rank, device)
     if state.loader_rng is None:
         state.loader_rng = train_loader.generator.get_state()
@@ -1074,9 +1041,9 @@ def start_or_resume(args, checkpoint, path, model, optimizer, scheduler, scaler,
     if checkpoint["world_size"] != dist.get_world_size():
         # Another number of processes takes another number of steps per epoch (the global batch
         # is another): the schedule goes on from the same fraction of the run, as the data goes on
-        # from the same sample (epoch_position).
+        # from the same sample.
         steps_per_epoch = math.ceil(len(train_loader) / args.accum_steps)
-        done = state.epoch + state.epoch_position / len(train_loader.dataset)
+        done = state.epoch
         scheduler.last_epoch = round(done * steps_per_epoch) - 1
         scheduler.step()
     return state
@@ -1137,9 +1104,8 @@ def prepare_out_dir(args):
 
 
 def atomic_save(obj, path):
-    """Write obj (bytes, or what torch.save takes) to a temporary file, flushed to the disk, then
-    rename it: a reader sees the old file or the new, never half of one, even after a power cut. A
-    write that fails leaves the old file and no temporary one."""
+    """Write obj (bytes, or what torch.save takes) to a temporary file flushed to the disk, then
+    rename it: a reader sees the old file or the new, never half of one, even after a power cut."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
@@ -1284,7 +1250,8 @@ def recipe(args):
 def log_resume(args, checkpoint_path, state):
     """Say where a resumed run goes on, or that it already completed every epoch."""
     if checkpoint_path is not None:
-        log(f"resumed from {checkpoint_path}: epoch {state.epoch + 1}, step {state.step_in_epoch}")
+        where = f"epoch {state.epoch + 1}"
+        log(f"resumed from {checkpoint_path}: {where}")
     if state.epoch >= args.epochs:
         log(f"nothing to train: the run already completed {state.epoch} epochs; start afresh with "
             f"--resume none or another --out-dir")
@@ -1292,10 +1259,8 @@ def log_resume(args, checkpoint_path, state):
 
 def log_epoch(record, epochs):
     metrics = " ".join(f"val_{name} {record[f'val_{name}']:.4f}" for name in EVAL_METRICS)
-    unreadable = record.get("train_unreadable", 0) + record["val_unreadable"]  # epoch 0: val only
-    skipped = f" | unreadable files skipped: {unreadable}" if unreadable else ""
     log(f"epoch {record['epoch']}/{epochs} train_loss {record['train_loss']:.4f} {metrics} "
-        f"({record['val_samples']} samples) | {record['samples_per_sec']:.0f} samples/s{skipped}")
+        f"({record['val_samples']} samples) | {record['samples_per_sec']:.0f} samples/s")
 
 
 if __name__ == "__main__":

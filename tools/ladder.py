@@ -33,7 +33,7 @@ def region_name(node):
         return "imports"
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
         return node.name
-    if isinstance(node, (ast.Assign, ast.AnnAssign)):
+    if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):  # X += ... joins X's region
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
         return ",".join(ast.unparse(t) for t in targets)
     if isinstance(node, ast.If) and "__name__" in ast.unparse(node.test):

@@ -520,12 +520,12 @@ def brief_markdown(new, root, anchors, titles):
            f"functions these lines call are shown whole, and each function its place in "
            f"[`lean/{new}`](../../lean/{new}); `...` stands for lines left out.", ""]
     for key, block in brief(new, root):
-        places = ", ".join(f"[`{function or 'module level'}`](../../lean/{new}#L{rows[0][0] or rows[1][0]})"
+        places = ", ".join(f"[`{function or 'the imports'}`](../../lean/{new}#L{rows[0][0] or rows[1][0]})"
                            for function, rows in block)
         out += [f"**[{titles[key]}](#{anchors[key]})** — in {places}:", "", "```python"]
         for function, rows in block:
             if len(block) > 1:
-                out.append(f"# in {function}()")
+                out.append(f"# in {function}()" if function else "# at the top of the file")
             out += [text for _, text in rows]
         out += ["```", ""]
     if new == "ddp_full.py":
@@ -611,13 +611,13 @@ def brief_html(new, root, titles):
            "<p class=\"why\">The lines you would write to port this step into a script of your own, by "
            "concept, without their comments; <code>...</code> stands for lines left out.</p>"]
     for key, block in brief(new, root):
-        places = ", ".join(f"<code>{html.escape(function or 'module level')}</code> (line {rows[0][0] or rows[1][0]})"
+        places = ", ".join(f"<code>{html.escape(function or 'the imports')}</code> (line {rows[0][0] or rows[1][0]})"
                            for function, rows in block)
         out.append(f"<h3><a href=\"#{key}\">{html.escape(titles[key])}</a>, in {places}</h3>")
         lines = []
         for function, rows in block:
             if len(block) > 1:
-                lines.append(f"# in {function}()")
+                lines.append(f"# in {function}()" if function else "# at the top of the file")
             lines += [text for _, text in rows]
         out.append("<pre>" + "".join(f"<span class=\"ctx\">{html.escape(line)}</span>" for line in lines) + "</pre>")
     if new == "ddp_full.py":

@@ -33,11 +33,11 @@ lists them all, each with its mutation-checked guard.
   the mean is over the rest. Steps 1-4, lessons on one concept each, stop at such a file.
   The process that met the file prints one line naming it, once an epoch (`ddp_full.py: warning:
   rank 1: cannot read …/3.png (cannot identify image file): trained on the next readable sample in
-  its place`), the epoch line ends with `unreadable files skipped: N`, and `metrics.jsonl` counts
-  them (`train_unreadable`, `val_unreadable`). What counts as unreadable is what reading a broken
-  file raises (`UNREADABLE`): `OSError` (PIL's `UnidentifiedImageError`, a truncated image, a file
-  gone) and `SyntaxError`, which PIL raises for a PNG with a broken chunk; a bug in a transform
-  still raises. More than `MAX_UNREADABLE_IN_A_ROW` (16) unreadable in a row is a broken data set,
+  its place`), a line after the epoch's says `epoch E: unreadable files skipped: N`, and
+  `metrics.jsonl` counts them (`train_unreadable`, `val_unreadable`). What counts as unreadable is
+  what reading a broken file raises (`UNREADABLE`): `OSError` (PIL's `UnidentifiedImageError`, a
+  truncated image, a file gone) and `SyntaxError`, which PIL raises for a PNG with a broken chunk; a
+  bug in a transform still raises. More than `MAX_UNREADABLE_IN_A_ROW` (16) unreadable in a row is a broken data set,
   not a broken file: among the first samples of either set it is one `error:` line at start; met
   later, in a worker, it is still a traceback. Tested with a PNG truncated to 40 bytes, one with a
   garbled chunk and an empty one, `--workers 0` and `2` (`tests/test_unreadable.py`). A copier who
@@ -468,13 +468,36 @@ PITFALLS = [
         "mistake": "checking for SIGTERM only after an optimizer step (or only at the end of an epoch)",
         "symptom": "a SIGTERM during a long validation is acted on after it; torchrun SIGKILLs the workers when "
                    "its grace period (30 s) ends, and the run loses everything since its last checkpoint",
-        "correct": "all processes all-reduce the flag at every batch, in training and in validation (a shorter "
-                   "shard goes round as often as the longest), reading each result one batch later so none waits; "
-                   "the checkpoint then resumes with validation",
-        "fix": [("ddp_full.py", "longest = math.ceil(len(loader.dataset) / dist.get_world_size())")],
+        "correct": "all processes all-reduce the flag at every batch, in training and in validation (a shard a "
+                   "batch shorter than the longest polls once more), reading each result one batch later so none "
+                   "waits; the checkpoint then resumes with validation",
+        "fix": [("ddp_full.py", "if PREEMPTION.poll():  # before every batch")],
         "guards": ["tests/test_cluster.py::test_sigterm_during_validation_stops_within_two_batches_and_resume_is_bitwise"],
-        "mutation": ("ddp_full.py", "        if PREEMPTION.poll():\n            return None\n    dist.all_reduce(totals)\n",
-                     "    dist.all_reduce(totals)\n"),
+        # Both of validation's polls go (one alone would leave the processes' polls unmatched: a hang).
+        "mutation": ("ddp_full.py",
+                     "        if PREEMPTION.poll():  # before every batch: as often on every process, see below\n"
+                     "            return None\n"
+                     "        # [optional: unreadable files]\n"
+                     "        batch, unreadable = report_unreadable(batch, unreadable, \"left out of validation\")\n"
+                     "        # [optional: unreadable files]\n"
+                     "        if batch is None:  # none of its files could be read\n"
+                     "            continue\n"
+                     "        with autocast(args, device):\n"
+                     "            sums, count = evaluate_batch(model, to_device(batch, device, args.channels_last))\n"
+                     "        totals[:-1] += sums\n"
+                     "        totals[-1] += count\n"
+                     "    # [optional: preemption, mid-epoch]\n"
+                     "    # Shards differ by one sample at most: one a batch shorter than the longest polls once more.\n"
+                     "    if len(loader) < math.ceil(len(loader.dataset) / (dist.get_world_size() * args.batch_size)) \\\n"
+                     "            and PREEMPTION.poll():\n"
+                     "        return None\n",
+                     "        batch, unreadable = report_unreadable(batch, unreadable, \"left out of validation\")\n"
+                     "        if batch is None:\n"
+                     "            continue\n"
+                     "        with autocast(args, device):\n"
+                     "            sums, count = evaluate_batch(model, to_device(batch, device, args.channels_last))\n"
+                     "        totals[:-1] += sums\n"
+                     "        totals[-1] += count\n"),
     },
     {
         "title": "A stop between a forward and its optimizer step",
