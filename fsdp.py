@@ -194,7 +194,7 @@ def train(args):
     # random numbers (dropout, augmentation), or all of them would repeat one draw.
     set_seed(args.seed + rank)
     state = start_or_resume(args, checkpoint, checkpoint_path, model, optimizer, scheduler,
-                            scaler, train_loader, rank, device)
+                            scaler, train_loader, rank)
     del checkpoint  # its tensors are copied into the model and the optimizer: free the memory
     # [optional: init-from]
     if args.init_from and checkpoint_path is None:
@@ -312,7 +312,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
     # A resumed epoch goes on from its checkpoint's step: its steps, sums and time come first.
     first_step, num_steps, start = (state.step_in_epoch, state.step_in_epoch + num_steps,
                                     start - state.train_seconds)
-    totals += state.train_totals if first_step else 0  # [optional: mid-epoch]
+    totals += state.train_totals.to(device) if first_step else 0  # [optional: mid-epoch]
     for batch_index, batch in enumerate(loader):
         # [optional: unreadable files]
         batch, state.train_unreadable = report_unreadable(
@@ -1439,7 +1439,7 @@ def find_checkpoint(args, world_size):
     return None, None
 
 
-def restore(checkpoint, path, model, optimizer, scheduler, scaler, rank, device):
+def restore(checkpoint, path, model, optimizer, scheduler, scaler, rank):
     """Load a checkpoint into the sharded model and the rest; return the TrainState it holds."""
     try:
         # Each process reads the shards it holds now, whichever processes wrote them: a
@@ -1469,7 +1469,6 @@ def restore(checkpoint, path, model, optimizer, scheduler, scaler, rank, device)
             own[name] = sum(r[name] for r in rank_states) * (rank == 0)
     state = TrainState(**{name: checkpoint[name] for name in SHARED_STATE}, **own)
     set_rng_state(state.rng)
-    state.train_totals = state.train_totals.to(device)  # [optional: mid-epoch]
     return state
 
 
@@ -1491,11 +1490,11 @@ def first_line(err):
 
 
 def start_or_resume(args, checkpoint, path, model, optimizer, scheduler, scaler, train_loader,
-                    rank, device):
+                    rank):
     """The TrainState to start from: a fresh one, or the checkpoint's with all it holds restored."""
     if checkpoint is None:
         return TrainState(rng=rng_state(), loader_rng=train_loader.generator.get_state())
-    state = restore(checkpoint, path, model, optimizer, scheduler, scaler, rank, device)
+    state = restore(checkpoint, path, model, optimizer, scheduler, scaler, rank)
     if state.loader_rng is None:
         state.loader_rng = train_loader.generator.get_state()
     else:

@@ -89,7 +89,7 @@ def train(args):
     # random numbers (dropout, augmentation), or all of them would repeat one draw.
     set_seed(args.seed + rank)
     state = start_or_resume(checkpoint, checkpoint_path, model.module, optimizer, scheduler,
-                            scaler, train_loader, rank, device)
+                            scaler, train_loader, rank)
     del checkpoint  # its tensors are copied into the model and the optimizer: free the memory
     log(f"process group {dist.get_backend()} | {world_size} processes | "
         f"timeout {args.timeout_min:g} min")
@@ -688,7 +688,7 @@ def find_checkpoint(args, world_size):
     return None, None
 
 
-def restore(checkpoint, path, model, optimizer, scheduler, scaler, rank, device):
+def restore(checkpoint, path, model, optimizer, scheduler, scaler, rank):
     """Load a checkpoint into the unwrapped model and the rest; return the TrainState it holds."""
     try:
         model.load_state_dict(checkpoint["model"])
@@ -707,12 +707,11 @@ def first_line(err):
     return (str(err).strip() or type(err).__name__).splitlines()[0]
 
 
-def start_or_resume(checkpoint, path, model, optimizer, scheduler, scaler, train_loader, rank,
-                    device):
+def start_or_resume(checkpoint, path, model, optimizer, scheduler, scaler, train_loader, rank):
     """The TrainState to start from: a fresh one, or the checkpoint's with all it holds restored."""
     if checkpoint is None:
         return TrainState(rng=rng_state(), loader_rng=train_loader.generator.get_state())
-    state = restore(checkpoint, path, model, optimizer, scheduler, scaler, rank, device)
+    state = restore(checkpoint, path, model, optimizer, scheduler, scaler, rank)
     train_loader.generator.set_state(state.loader_rng)
     return state
 

@@ -113,7 +113,7 @@ def train(args):
     # random numbers (dropout, augmentation), or all of them would repeat one draw.
     set_seed(args.seed + rank)
     state = start_or_resume(args, checkpoint, checkpoint_path, model, optimizer, scheduler,
-                            scaler, train_loader, rank, device)
+                            scaler, train_loader, rank)
     del checkpoint  # its tensors are copied into the model and the optimizer: free the memory
     log(f"process group {dist.get_backend()} | {world_size} processes | "
         f"timeout {args.timeout_min:g} min")
@@ -997,7 +997,7 @@ def find_checkpoint(args, world_size):
     return None, None
 
 
-def restore(checkpoint, path, model, optimizer, scheduler, scaler, rank, device):
+def restore(checkpoint, path, model, optimizer, scheduler, scaler, rank):
     """Load a checkpoint into the sharded model and the rest; return the TrainState it holds."""
     try:
         # Each process reads the shards it holds now, whichever processes wrote them: a
@@ -1029,11 +1029,11 @@ def first_line(err):
 
 
 def start_or_resume(args, checkpoint, path, model, optimizer, scheduler, scaler, train_loader,
-                    rank, device):
+                    rank):
     """The TrainState to start from: a fresh one, or the checkpoint's with all it holds restored."""
     if checkpoint is None:
         return TrainState(rng=rng_state(), loader_rng=train_loader.generator.get_state())
-    state = restore(checkpoint, path, model, optimizer, scheduler, scaler, rank, device)
+    state = restore(checkpoint, path, model, optimizer, scheduler, scaler, rank)
     if state.loader_rng is None:
         state.loader_rng = train_loader.generator.get_state()
     else:

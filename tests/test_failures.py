@@ -244,8 +244,7 @@ def test_a_restore_that_fails_in_a_collective_is_that_process_failing_not_a_chec
         if script == "fsdp.py":  # its first step: the sharded state dicts to load into
             monkeypatch.setattr(module, "get_state_dict", lambda *args: (_ for _ in ()).throw(error))
         with pytest.raises(module.ConfigError) as raised:
-            module.restore({"model": {}}, "runs/x/checkpoints/step_1", RaisingModel(error), None, None, None, 1,
-                           None)
+            module.restore({"model": {}}, "runs/x/checkpoints/step_1", RaisingModel(error), None, None, None, 1)
         return raised.value
 
     failed = restore(dist.DistBackendError("NCCL communicator was aborted on rank 1"))
