@@ -60,6 +60,24 @@ def command(script, args, nproc=None, torchrun_args=()):
             *torchrun_args, path, *args]
 
 
+def descendants(pid):
+    """Every process below pid, children first: torchrun starts its workers in sessions of their own,
+    which killing its process group leaves running (and holding the pipes a launch reads)."""
+    children = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # a process that ended meanwhile
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        below = children.get(todo.pop(0), [])
+        found += below
+        todo += below
+    return found
+
+
 def launch(script, args, nproc=None, env=None, torchrun_args=(), timeout=LAUNCH_TIMEOUT, wrap=()):
     """Run the script as a user does (see command); `wrap` goes before the command (a program that
     runs it)."""
@@ -72,7 +90,13 @@ def launch(script, args, nproc=None, env=None, torchrun_args=(), timeout=LAUNCH_
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        workers = descendants(process.pid)  # before torchrun goes: then they would be init's
         os.killpg(process.pid, signal.SIGKILL)
+        for pid in workers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         stdout, stderr = process.communicate()
         pytest.fail(f"{' '.join(cmd)} did not finish in {timeout} s (a hung collective?)\n{stdout[-3000:]}\n{stderr[-3000:]}")
     return subprocess.CompletedProcess(cmd, process.returncode, stdout, stderr)
