@@ -11,21 +11,18 @@ When several processes or nodes hang or fail: docs/troubleshooting.md.
 Each process holds a full copy of the model, reads its own shard of every epoch
 (DistributedSampler), and DDP averages the gradients across processes during backward, so every
 copy takes the same optimizer step. Only rank 0 logs and writes files.
-
 --amp runs the forward in bf16 or fp16 (fp16 with a GradScaler), on GPUs in the channels-last
 layout tensor cores want; --accum-steps K sums the gradients of K micro-batches before each
-optimizer step and all-reduces them once, not K times. With the default flags this script trains
-exactly as ddp_basic.py.
+optimizer step and all-reduces them once, not K times. Its defaults train exactly as ddp_basic.py.
 
 A copier's map: what deleting each "# [optional: NAME]" gives up (lean/ddp_amp_accum.py: all).
     help formatter    --help stating each flag's default
-    value checks      one line before any work for --lr nan, --epochs 0, an --out-dir it cannot
-                      write to and the like, not a failure later
+    value checks      one line before any work for --lr nan, --epochs 0, an unwritable --out-dir
     cifar10           --data cifar10 and --download
     constant lr       --lr-schedule constant: --lr throughout, no warm-up
+    global batch      --global-batch-size: the global batch kept on any number of processes
     legacy launcher   python -m torch.distributed.launch (--local-rank)
-    error exchange    an error in rank0_only or rank0_first stops every process at once, in a line
-                      from who met it (without: torchrun stops the rest; rank 1's error is silent)
+    error exchange    an error in rank0_only or rank0_first stops every process at once, in one line
 """
 import argparse
 import contextlib
@@ -59,6 +56,7 @@ OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.03, "weight_decay": 5e-4},
 
 def train(args):
     rank, local_rank, world_size, device = setup_distributed(args)
+    args.accum_steps = accum_steps_for(args, world_size)  # [optional: global batch]
     configure_cuda(args, device)
     # Rank 0 writes the results: if it cannot, every process stops now, not after training.
     rank0_only(rank, prepare_out_dir, args)
@@ -69,9 +67,8 @@ def train(args):
     model = build_model(args, num_outputs).to(device, memory_format=layout)
     log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
     if args.compile:
-        # In place, before DDP wraps it: dynamo skips DDP's forward (torch.nn's code), so a compiled
-        # wrapper compiles only what DDP calls, nothing of a model whose forward is torch.nn's
-        # (nn.Sequential). DDP still cuts the compiled model at its buckets, to overlap all-reduces.
+        # In place, before DDP wraps it: dynamo skips torch.nn's code, so a compiled wrapper would
+        # skip DDP's forward and an nn.Sequential model's. DDP cuts the compiled model at buckets.
         model.compile()
     # DDP broadcasts rank 0's weights at construction and averages gradients during backward.
     # device_ids names the one GPU this process drives; on CPU it must be left out.
@@ -367,8 +364,7 @@ def setup_distributed(args):
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl" and not torch.cuda.is_available():
-        raise ConfigError("--backend nccl needs CUDA GPUs and none is available; "
-                          "use --backend gloo on CPU")
+        raise ConfigError("--backend nccl needs CUDA GPUs and none is available: use gloo")
     rank = int(os.environ.get("RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -382,8 +378,7 @@ def setup_distributed(args):
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    # Imported before the group exists, its functions take none as their default group: imported
-    # later (torch.compile does), they would keep it, and gloo's threads, alive to an abort at exit.
+    # Imported now, not by torch.compile later: it would keep the group alive to an abort at exit.
     from torch.distributed.nn import functional  # noqa: F401
     gc.freeze()  # what exists now lives to the end: the garbage collector need not walk it again
     # A collective that waits longer than this ends the job: the most one process may work alone.
@@ -445,8 +440,7 @@ def stop_if_any_failed(rank, result):
 
 
 def cleanup_distributed():
-    """Leave the process group, the DDP model collected first: alive then, gloo can abort a finished
-    run at exit ("terminate called without an active exception")."""
+    """Leave the process group, the DDP model collected first: alive, it can abort gloo at exit."""
     gc.collect()
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -522,8 +516,7 @@ def lr_factor(args, step, steps_per_epoch):
 
 
 def build_scheduler(args, optimizer, steps_per_epoch):
-    """The learning-rate schedule: scheduler.step() once per optimizer step, not per batch (with
-    accumulation, several batches make a step)."""
+    """The learning-rate schedule: scheduler.step() follows optimizer steps, not batches."""
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(args, step, steps_per_epoch))
 
@@ -612,8 +605,8 @@ def parse_args(argv=None):
     parser.add_argument("--log-interval", type=int, default=20,
                         help="optimizer steps between progress lines")
     parser.add_argument("--compile", action="store_true",
-                        help="compile the model with torch.compile: faster steps on GPUs after "
-                             "a minute or more of compiling; measured slower on CPU (default: off)")
+                        help="torch.compile the model: faster GPU steps after minutes of "
+                             "compiling, slower on CPU (default: off)")
     add_task_arguments(parser)
     parser.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none",
                         help="autocast the forward to this precision; fp16 adds a GradScaler")
@@ -621,19 +614,20 @@ def parse_args(argv=None):
                         help="4-D inputs and weights in channels-last order (default: on GPUs)")
     parser.add_argument("--accum-steps", type=int, default=1,
                         help="micro-batches whose gradients are summed before each optimizer step")
+    # [optional: global batch]
+    parser.add_argument("--global-batch-size", type=int, default=None,
+                        help="samples per optimizer step, all processes: sets --accum-steps")
+    parser.set_defaults(accum_steps=None)  # [optional: global batch]
     parser.add_argument("--clip-grad-norm", type=float, default=0.0,
                         help="clip the global gradient norm to this value; 0 turns clipping off")
     parser.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
                         help="process group backend; auto is nccl with CUDA, gloo without")
     parser.add_argument("--timeout-min", type=float, default=30.0,
-                        help="minutes a process waits for the others in a collective before the "
-                             "job fails (nccl's own default is 10)")
+                        help="minutes a process waits in a collective before the job fails")
     # [optional: legacy launcher]
-    # torch.distributed.launch passes --local-rank=N (--local_rank before torch 2.0) and sets
-    # LOCAL_RANK, as torchrun does: the flag is accepted, and LOCAL_RANK read.
+    # torch.distributed.launch passes --local-rank=N (--local_rank before torch 2.0): accepted.
     parser.add_argument("--local-rank", "--local_rank", type=int, default=None,
-                        help="passed by the legacy launcher, which sets LOCAL_RANK too: "
-                             "accepted, not read")
+                        help="passed by the legacy launcher, which sets LOCAL_RANK too: not read")
     args = parser.parse_args(argv)
     if args.out_dir is None:
         args.out_dir = os.path.join("runs", Path(__file__).stem)
@@ -662,9 +656,21 @@ def check_args(args):
         if value is not None and value < least:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least {least}, got {value}")
     for name in POSITIVE:
-        if getattr(args, name) <= 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got "
-                              f"{getattr(args, name)}")
+        if (value := getattr(args, name)) <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
+
+
+# [optional: global batch]
+def accum_steps_for(args, world_size):
+    """--accum-steps (1 by default), or --global-batch-size / (--batch-size x processes)."""
+    if args.global_batch_size is None:
+        return args.accum_steps or 1
+    steps = args.global_batch_size / (args.batch_size * world_size)
+    if steps < 1 or steps != int(steps) or args.accum_steps not in (None, steps):
+        raise ConfigError(f"--global-batch-size {args.global_batch_size} / (--batch-size "
+                          f"{args.batch_size} x {world_size} processes) = {steps:g} accumulation "
+                          f"steps: it must be a whole number, and --accum-steps, if given, equal")
+    return int(steps)
 
 
 def set_seed(seed):

@@ -14,13 +14,11 @@ copy takes the same optimizer step. Only rank 0 logs and writes files.
 
 A copier's map: what deleting each "# [optional: NAME]" gives up (lean/ddp_basic.py: all).
     help formatter    --help stating each flag's default
-    value checks      one line before any work for --lr nan, --epochs 0, an --out-dir it cannot
-                      write to and the like, not a failure later
+    value checks      one line before any work for --lr nan, --epochs 0, an unwritable --out-dir
     cifar10           --data cifar10 and --download
     constant lr       --lr-schedule constant: --lr throughout, no warm-up
     legacy launcher   python -m torch.distributed.launch (--local-rank)
-    error exchange    an error in rank0_only or rank0_first stops every process at once, in a line
-                      from who met it (without: torchrun stops the rest; rank 1's error is silent)
+    error exchange    an error in rank0_only or rank0_first stops every process at once, in one line
 """
 import argparse
 import datetime
@@ -61,9 +59,8 @@ def train(args):
     model = build_model(args, num_outputs).to(device)
     log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
     if args.compile:
-        # In place, before DDP wraps it: dynamo skips DDP's forward (torch.nn's code), so a compiled
-        # wrapper compiles only what DDP calls, nothing of a model whose forward is torch.nn's
-        # (nn.Sequential). DDP still cuts the compiled model at its buckets, to overlap all-reduces.
+        # In place, before DDP wraps it: dynamo skips torch.nn's code, so a compiled wrapper would
+        # skip DDP's forward and an nn.Sequential model's. DDP cuts the compiled model at buckets.
         model.compile()
     # DDP broadcasts rank 0's weights at construction and averages gradients during backward.
     # device_ids names the one GPU this process drives; on CPU it must be left out.
@@ -324,8 +321,7 @@ def setup_distributed(args):
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl" and not torch.cuda.is_available():
-        raise ConfigError("--backend nccl needs CUDA GPUs and none is available; "
-                          "use --backend gloo on CPU")
+        raise ConfigError("--backend nccl needs CUDA GPUs and none is available: use gloo")
     rank = int(os.environ.get("RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -339,8 +335,7 @@ def setup_distributed(args):
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    # Imported before the group exists, its functions take none as their default group: imported
-    # later (torch.compile does), they would keep it, and gloo's threads, alive to an abort at exit.
+    # Imported now, not by torch.compile later: it would keep the group alive to an abort at exit.
     from torch.distributed.nn import functional  # noqa: F401
     gc.freeze()  # what exists now lives to the end: the garbage collector need not walk it again
     # A collective that waits longer than this ends the job: the most one process may work alone.
@@ -402,8 +397,7 @@ def stop_if_any_failed(rank, result):
 
 
 def cleanup_distributed():
-    """Leave the process group, the DDP model collected first: alive then, gloo can abort a finished
-    run at exit ("terminate called without an active exception")."""
+    """Leave the process group, the DDP model collected first: alive, it can abort gloo at exit."""
     gc.collect()
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -478,8 +472,7 @@ def lr_factor(args, step, steps_per_epoch):
 
 
 def build_scheduler(args, optimizer, steps_per_epoch):
-    """The learning-rate schedule: scheduler.step() once per optimizer step, not per batch (with
-    accumulation, several batches make a step)."""
+    """The learning-rate schedule: scheduler.step() follows optimizer steps, not batches."""
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(args, step, steps_per_epoch))
 
@@ -565,20 +558,17 @@ def parse_args(argv=None):
     parser.add_argument("--log-interval", type=int, default=20,
                         help="optimizer steps between progress lines")
     parser.add_argument("--compile", action="store_true",
-                        help="compile the model with torch.compile: faster steps on GPUs after "
-                             "a minute or more of compiling; measured slower on CPU (default: off)")
+                        help="torch.compile the model: faster GPU steps after minutes of "
+                             "compiling, slower on CPU (default: off)")
     add_task_arguments(parser)
     parser.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
                         help="process group backend; auto is nccl with CUDA, gloo without")
     parser.add_argument("--timeout-min", type=float, default=30.0,
-                        help="minutes a process waits for the others in a collective before the "
-                             "job fails (nccl's own default is 10)")
+                        help="minutes a process waits in a collective before the job fails")
     # [optional: legacy launcher]
-    # torch.distributed.launch passes --local-rank=N (--local_rank before torch 2.0) and sets
-    # LOCAL_RANK, as torchrun does: the flag is accepted, and LOCAL_RANK read.
+    # torch.distributed.launch passes --local-rank=N (--local_rank before torch 2.0): accepted.
     parser.add_argument("--local-rank", "--local_rank", type=int, default=None,
-                        help="passed by the legacy launcher, which sets LOCAL_RANK too: "
-                             "accepted, not read")
+                        help="passed by the legacy launcher, which sets LOCAL_RANK too: not read")
     args = parser.parse_args(argv)
     if args.out_dir is None:
         args.out_dir = os.path.join("runs", Path(__file__).stem)
@@ -607,9 +597,8 @@ def check_args(args):
         if value is not None and value < least:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least {least}, got {value}")
     for name in POSITIVE:
-        if getattr(args, name) <= 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got "
-                              f"{getattr(args, name)}")
+        if (value := getattr(args, name)) <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
 
 
 def set_seed(seed):

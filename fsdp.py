@@ -41,43 +41,31 @@ of each checkpoint (torch.distributed.checkpoint), and a checkpoint appears, by 
 all are written; a run resumes bitwise on as many processes, or on another number, resharded.
 model.pt is the whole model, gathered to rank 0: it loads into the plain model.
 
-A copier's map: a part tagged "# [optional: NAME]" may be deleted, all of it at once: a line that is
-only the tag goes with the statement (or except clause) under it, in a docstring with the lines
-under it to a blank line; a line that ends in the tag goes alone. A tag that names two parts goes
-with either. tools/strip_optional.py does it: lean/fsdp.py, which tests/test_copiers_map.py shows to
-train the same weights, resume bitwise at an epoch's end and validate exactly. What each NAME gives
-up:
+A copier's map: a part tagged "# [optional: NAME]" may be deleted whole: a tag alone on its
+line with the statement under it (in a docstring, the lines to a blank line), a tag ending a
+line with that line. tools/strip_optional.py makes lean/fsdp.py, which tests/test_copiers_map.py
+shows to train the same weights, resume bitwise and validate exactly. What each NAME gives up:
     init-from         --init-from: fine-tuning from a model.pt, a state dict or pretrained weights
     sync-bn           --sync-bn: BatchNorm statistics of the global batch
     recompute         --activation-checkpointing: less activation memory for one more forward
     hybrid            --replicas: hybrid sharding (HSDP), the gathers kept within a node
     legacy launcher   python -m torch.distributed.launch (--local-rank)
-    model check       one line, not a traceback at the first step or an epoch's end, for a model
-                      that cannot take the data
-    section check     one line, not a NameError, for a section "your data and model" that lacks
-                      a name the script uses
-    full disk         for a write that fails, one line naming what is intact and exit status 74,
-                      not a traceback (and no partial checkpoint directory left)
-    unreadable files  an image that cannot be read is skipped with a warning, not a traceback
-                      that ends the run
-    seeded samples    random augmentation the same whichever process or worker loads a sample:
-                      a resume with augmenting workers, and any world size, trains the same
+    model check       one line, not a traceback midway, for a model that cannot take the data
+    section check     one line, not a NameError, where "your data and model" lacks a name used
+    full disk         a failed write: one line naming what is intact and exit 74, not a traceback
+    unreadable files  an image that cannot be read is skipped with a warning, not a fatal traceback
+    seeded samples    random augmentation the same in any process or worker, after any resume
     mid-epoch         --ckpt-steps and --max-steps: checkpoints, stops and resumes within an epoch
-                      (on another number of processes too)
-    preemption        SIGTERM: a checkpoint at the next batch and exit status 75 (goes with
-                      mid-epoch)
+    preemption        SIGTERM: a checkpoint at the next batch, exit status 75 (goes with mid-epoch)
     deterministic     --deterministic: runs and resumes that repeat bit for bit on GPUs (slower)
-    flight recorder   on a GPU timeout, nccl's record of each process's last collectives, written
-                      to --out-dir (docs/troubleshooting.md)
-    process failures  a restore that fails in this process (a collective, nccl, the GPU) is its
-                      own line and exit 1, not a checkpoint that does not fit (exit 2)
-    error exchange    an error in rank0_only or rank0_first stops every process at once, in a line
-                      from who met it (without: torchrun stops the rest; rank 1's error is silent)
+    flight recorder   a GPU timeout writes nccl's last collectives to --out-dir (troubleshooting.md)
+    process failures  a restore failing in this process: its own line and exit 1, not exit 2
+    error exchange    an error in rank0_only or rank0_first stops every process at once, in one line
     help formatter    --help stating each flag's default
-    value checks      one line before any work for --lr nan, --epochs 0, an --out-dir it cannot
-                      write to and the like, not a failure later
+    value checks      one line before any work for --lr nan, --epochs 0, an unwritable --out-dir
     cifar10           --data cifar10 and --download
     constant lr       --lr-schedule constant: --lr throughout, no warm-up
+    global batch      --global-batch-size: the global batch kept on any number of processes
 """
 import argparse
 import collections
@@ -155,6 +143,7 @@ MAX_UNREADABLE_IN_A_ROW = 16
 
 def train(args):
     rank, local_rank, world_size, device = setup_distributed(args)
+    args.accum_steps = accum_steps_for(args, world_size)  # [optional: global batch]
     configure_cuda(args, device)
     # Every process writes its shards: if one cannot, every process stops now, not after training.
     rank0_first(rank, prepare_out_dir, args)
@@ -163,7 +152,7 @@ def train(args):
     check_model_fits(args, num_outputs, train_set, val_set, world_size)
     train_loader, val_loader = build_loaders(args, train_set, val_set, device, rank, world_size)
     # Found before the model is built: a checkpoint wins over the weights it would start from.
-    checkpoint, checkpoint_path = find_checkpoint(args, world_size)
+    checkpoint, checkpoint_path = agreed_checkpoint(args, world_size)
     # Every process builds the model on the meta device (its shapes: no memory, no values); rank 0
     # alone holds its values, which shard_model hands out as shards (initial_values says which).
     model = build_on_meta(args, num_outputs)
@@ -667,8 +656,7 @@ def setup_distributed(args):
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl" and not torch.cuda.is_available():
-        raise ConfigError("--backend nccl needs CUDA GPUs and none is available; "
-                          "use --backend gloo on CPU")
+        raise ConfigError("--backend nccl needs CUDA GPUs and none is available: use gloo")
     rank = int(os.environ.get("RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -687,8 +675,7 @@ def setup_distributed(args):
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    # Imported before the group exists, its functions take none as their default group: imported
-    # later (torch.compile does), they would keep it, and gloo's threads, alive to an abort at exit.
+    # Imported now, not by torch.compile later: it would keep the group alive to an abort at exit.
     from torch.distributed.nn import functional  # noqa: F401
     gc.freeze()  # what exists now lives to the end: the garbage collector need not walk it again
     # [optional: flight recorder]
@@ -709,9 +696,8 @@ def setup_distributed(args):
 # [optional: flight recorder]
 def flight_recorder(args):
     """nccl's flight recorder: each process keeps its last collectives and, when one times out,
-    writes them to --out-dir/nccl_trace_rank_<rank> (docs/troubleshooting.md reads them). Read as
-    the group starts; a variable the user set is kept. torch 2.11 names them TORCH_FR_*, the
-    recorder on by default; older torch reads only the TORCH_NCCL_* names, the recorder off."""
+    writes them to --out-dir/nccl_trace_rank_<rank> (docs/troubleshooting.md). A variable the user
+    set is kept. torch 2.11 reads TORCH_FR_*, the recorder on; older torch TORCH_NCCL_*, off."""
     dump = str(Path(args.out_dir).resolve() / "nccl_trace_rank_")
     if tuple(int(n) for n in torch.__version__.split(".")[:2]) >= (2, 11):
         wanted = {("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"): dump}
@@ -805,13 +791,11 @@ def cleanup_distributed():
 
 # [optional: preemption, mid-epoch]
 class Preemption:
-    """SIGTERM turned into a stop that every process makes at the same batch.
-
-    Schedulers send SIGTERM before SIGKILL; torchrun forwards it to every worker, and SIGKILLs
-    them after --shutdown-timeout (30 s). At each batch the processes all-reduce the flag on a
-    CPU (gloo) group; each poll reads the previous batch's result and starts its own, so none
-    waits, and all agree at the same batch, at most two batches after the signal.
-    """
+    """SIGTERM turned into a stop that every process makes at the same batch. Schedulers send
+    SIGTERM before SIGKILL; torchrun forwards it to every worker, and SIGKILLs them after
+    --shutdown-timeout (30 s). At each batch the processes all-reduce the flag on a CPU (gloo)
+    group; each poll reads the previous batch's result and starts its own, so none waits, and all
+    agree at the same batch, at most two batches after the signal."""
 
     def __init__(self):
         self.requested = self.agreed = False
@@ -826,8 +810,7 @@ class Preemption:
         self.requested = True
 
     def poll(self):
-        """Whether every process has agreed to stop, once and for all (always False before start:
-        nothing to save yet)."""
+        """Whether all processes have agreed to stop, for good (False before start)."""
         if self.pending is not None:
             work, flag = self.pending
             self.pending = None  # waited for here, not again in close(), if the wait fails
@@ -1103,7 +1086,7 @@ def build_loaders(args, train_set, val_set, device, rank, world_size):
     train_sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank,
                                        shuffle=True, seed=args.seed)
     # [optional: mid-epoch]
-    train_sampler = ResumableSampler(train_sampler)
+    train_sampler = ResumableSampler(train_set, world_size, rank, seed=args.seed)
     # [optional: unreadable files]
     train_set, val_set = readable_sets(train_set, val_set)
     # [optional: seeded samples]
@@ -1128,11 +1111,8 @@ def to_device(batch, device, channels_last):
 
 class ShardSampler(Sampler):
     """Every world_size-th index from rank, in order, unpadded: each sample once, on one process.
-
     DistributedSampler pads the set with repeated samples until it divides evenly, or with
-    drop_last=True leaves the remainder out: either skews validation's metrics, counting some
-    samples twice or others never.
-    """
+    drop_last=True leaves the remainder out: either skews validation's metrics."""
 
     def __init__(self, dataset, num_replicas, rank):
         self.indices = range(rank, len(dataset), num_replicas)
@@ -1145,39 +1125,28 @@ class ShardSampler(Sampler):
 
 
 # [optional: mid-epoch]
-class ResumableSampler(Sampler):
-    """The wrapped DistributedSampler's epoch from position `start` of the epoch's order, counted
-    over all processes: an epoch resumed part-way through, on any number of processes."""
-
-    def __init__(self, sampler):
-        self.sampler, self.start = sampler, 0
-
-    def set_epoch(self, epoch):
-        self.sampler.set_epoch(epoch)
+class ResumableSampler(DistributedSampler):
+    """DistributedSampler's epoch from position `start` of the epoch's order, counted over all
+    processes: an epoch resumed part-way through, on any number of processes."""
+    start = 0
 
     def set_start(self, start):
-        """Skip the first `start` samples of the epoch's order: those all processes consumed."""
         self.start = start
 
     def __iter__(self):
-        # DistributedSampler's order for (seed, epoch), dealt as it deals it: every num_replicas-th
-        # sample from position rank, padded with the order's first samples until it divides
-        # evenly. On as many processes as before, `start` is a multiple of their number and this
-        # is the tail of DistributedSampler's own dealing: the resume is exact. On another number,
-        # the rest of the order is dealt afresh: each sample not yet trained on, once.
-        sampler = self.sampler
-        order = list(range(len(sampler.dataset)))
-        if sampler.shuffle:
-            generator = torch.Generator().manual_seed(sampler.seed + sampler.epoch)
-            order = torch.randperm(len(sampler.dataset), generator=generator).tolist()
+        # The order of (seed, epoch), dealt as DistributedSampler deals it: every num_replicas-th
+        # sample from position rank, padded with the order's first until it divides evenly. On as
+        # many processes as before this is the tail of its own dealing; on another number, the
+        # rest dealt afresh: each sample not yet trained on, once.
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(len(self.dataset), generator=generator).tolist()
         rest = order[self.start:]
-        padding = -len(rest) % sampler.num_replicas
+        padding = -len(rest) % self.num_replicas
         rest += (order * math.ceil(padding / len(order)))[:padding]
-        return iter(rest[sampler.rank::sampler.num_replicas])
+        return iter(rest[self.rank::self.num_replicas])
 
     def __len__(self):
-        return math.ceil(max(len(self.sampler.dataset) - self.start, 0) /
-                         self.sampler.num_replicas)
+        return math.ceil(max(len(self.dataset) - self.start, 0) / self.num_replicas)
 
 
 # --- optimizer and schedule -----------------------------------------------------------------------
@@ -1208,8 +1177,7 @@ def lr_factor(args, step, steps_per_epoch):
 
 
 def build_scheduler(args, optimizer, steps_per_epoch):
-    """The learning-rate schedule: scheduler.step() once per optimizer step, not per batch (with
-    accumulation, several batches make a step)."""
+    """The learning-rate schedule: scheduler.step() follows optimizer steps, not batches."""
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(args, step, steps_per_epoch))
 
@@ -1372,11 +1340,10 @@ def load_checkpoint(path, args):
         checkpoint = torch.load(Path(path) / "train_state.pt", map_location="cpu",
                                 weights_only=True)
     except Exception as err:  # weights_only runs nothing from the file: what fails is the file
-        reason = (str(err).strip().splitlines() or [""])[0]
-        raise ConfigError(f"checkpoint {path} cannot be read: {type(err).__name__} {reason}") \
-            from None
-    if not isinstance(checkpoint, dict) or "rank_states" not in checkpoint:
-        raise ConfigError(f"checkpoint {path} was not written by this script")
+        reason = f"{type(err).__name__} {(str(err).strip().splitlines() or [''])[0]}"
+        raise ConfigError(f"checkpoint {path} cannot be read: {reason}") from None
+    if not isinstance(checkpoint, dict) or not {"rank_states", *SHARED_STATE} <= checkpoint.keys():
+        raise ConfigError(f"checkpoint {path} was not written by this script (or this version)")
     check_shards(path)
     settings, saved = vars(args), checkpoint["config"]
     may_change = RESUME_MAY_CHANGE + RESUME_MAY_CHANGE_TASK
@@ -1384,6 +1351,9 @@ def load_checkpoint(path, args):
     # --epochs too, with a constant schedule only: the cosine schedule is laid over --epochs.
     if args.lr_schedule == "constant":
         may_change += ("epochs",)
+    # [optional: global batch]
+    if args.global_batch_size == checkpoint["world_size"] * saved["accum_steps"] * args.batch_size:
+        may_change += ("accum_steps", "global_batch_size")  # the run's global batch, kept
     for name in sorted(settings.keys() & saved.keys()):
         if saved[name] != settings[name] and name not in may_change:
             raise ConfigError(f"checkpoint {path} is from a run with --{name.replace('_', '-')} "
@@ -1391,33 +1361,27 @@ def load_checkpoint(path, args):
     return checkpoint
 
 
-def agreed_by_all(find):
+def agreed_checkpoint(args, world_size):
     """find_checkpoint on every process, then one collective: all must have found the same. A node
     that misses the newest checkpoint would start afresh while the others resume, and hang."""
-
-    def find_and_agree(args, world_size):
-        try:
-            checkpoint, path = find(args, world_size)
-            found = f"{Path(path).name} (step {checkpoint['global_step']})" if path else "none"
-            view = (found, None)
-        except ConfigError as err:
-            checkpoint, path, view = None, None, (None, str(err))
-        views = [None] * world_size
-        dist.all_gather_object(views, view)
-        for rank, (found, error) in enumerate(views):
-            if error is not None:
-                raise ConfigError(error if rank == 0 else f"on rank {rank}: {error}")
-            if found != views[0][0]:
-                raise ConfigError(f"processes disagree on the checkpoint to resume from: rank 0 "
-                                  f"finds {views[0][0]}, rank {rank} finds {found}; every node "
-                                  f"must see the same --out-dir")
-        return checkpoint, path
-
-    return find_and_agree
+    try:
+        checkpoint, path = find_checkpoint(args)
+        view = (f"{Path(path).name} (step {checkpoint['global_step']})" if path else "none", None)
+    except ConfigError as err:
+        checkpoint, path, view = None, None, (None, str(err))
+    views = [None] * world_size
+    dist.all_gather_object(views, view)
+    for rank, (found, error) in enumerate(views):
+        if error is not None:
+            raise ConfigError(error if rank == 0 else f"on rank {rank}: {error}")
+        if found != views[0][0]:
+            raise ConfigError(f"processes disagree on the checkpoint to resume from: rank 0 finds "
+                              f"{views[0][0]}, rank {rank} finds {found}; every node must see the "
+                              f"same --out-dir")
+    return checkpoint, path
 
 
-@agreed_by_all
-def find_checkpoint(args, world_size):
+def find_checkpoint(args):
     """The checkpoint to resume from and its path, or (None, None) to start afresh."""
     if args.resume == "none":
         return None, None
@@ -1461,10 +1425,10 @@ def restore(checkpoint, path, model, optimizer, scheduler, scaler, rank):
     if len(rank_states) == dist.get_world_size():
         own = rank_states[rank]
     else:
-        # Another number of processes: no process's random states or partial sums are this one's.
-        # It keeps its own random states (seed + rank); rank 0 takes the sums of all, whole again.
+        # Another number of processes: each keeps its own random states (seed + rank).
         own = {**rank_states[0], "rng": rng_state(), "loader_rng": None}
         # [optional: mid-epoch]
+        # Rank 0 takes the epoch's partial sums of all processes, whole again.
         for name in own.keys() & {"train_totals", "train_unreadable"}:
             own[name] = sum(r[name] for r in rank_states) * (rank == 0)
     state = TrainState(**{name: checkpoint[name] for name in SHARED_STATE}, **own)
@@ -1495,19 +1459,20 @@ def start_or_resume(args, checkpoint, path, model, optimizer, scheduler, scaler,
     if checkpoint is None:
         return TrainState(rng=rng_state(), loader_rng=train_loader.generator.get_state())
     state = restore(checkpoint, path, model, optimizer, scheduler, scaler, rank)
-    if state.loader_rng is None:
-        state.loader_rng = train_loader.generator.get_state()
-    else:
+    if state.loader_rng is not None:  # None: its own (seed + rank), as it starts
         train_loader.generator.set_state(state.loader_rng)
     if checkpoint["world_size"] != dist.get_world_size():
-        # Another number of processes takes another number of steps per epoch (the global batch
-        # is another): the schedule goes on from the same fraction of the run, as the data goes on
-        # from the same sample.
+        # Another number of processes: the schedule goes on from the same fraction of the run.
         steps_per_epoch = math.ceil(len(train_loader) / args.accum_steps)
         done = state.epoch
         done += state.epoch_position / len(train_loader.dataset)  # [optional: mid-epoch]
         scheduler.last_epoch = round(done * steps_per_epoch) - 1
         scheduler.step()
+        was = checkpoint["world_size"] * checkpoint["config"]["accum_steps"] * args.batch_size
+        log(f"written by {checkpoint['world_size']} processes, resumed by {dist.get_world_size()}: "
+            f"global batch {was} -> {args.batch_size * args.accum_steps * dist.get_world_size()}; "
+            f"fresh random states (dropout), rank 0's BatchNorm statistics: per-process state "
+            f"stays behind")
     return state
 
 
@@ -1557,13 +1522,10 @@ class EpochKeys(Sampler):
 class SeededSamples(torch.utils.data.Dataset):
     """The training set, each sample loaded with random draws that are a pure function of
     (seed, epoch, index): the same crop and flip whichever process or worker loads it, with any
-    --workers, any world size, and after a resume.
-
-    Left alone, a transform draws from the generators of the process that loads the sample: a
-    worker's, seeded once when the worker starts (a resumed run starts new ones), or the main
-    process's. Seeded here: torch's and Python's global generators, which torchvision's transforms
-    draw from (numpy's is not). The loading process's own generators are left as they were.
-    """
+    --workers, any world size, and after a resume. Left alone, a transform draws from the loading
+    process's generators: a worker's, seeded once when it starts (a resumed run starts new ones), or
+    the main process's. Seeded here: torch's and Python's global generators, which torchvision's
+    transforms draw from (numpy's is not); the loading process's own are left as they were."""
 
     def __init__(self, dataset, seed):
         self.dataset, self.seed = dataset, seed
@@ -1671,18 +1633,16 @@ def report_unreadable(item, count, instead):
 # [optional: model check]
 def check_model_fits(args, num_outputs, train_set, val_set, world_size):
     """A sample through the model on the meta device (shapes only: no memory, no arithmetic), then
-    the smallest training batch. A model that cannot take the data (a ViT built for 224-pixel
-    images, fed 32; BatchNorm given one value per channel) is one line here, not a traceback in the
-    first step or at an epoch's end."""
+    the smallest training batch. A model that cannot take the data (a ViT built for 224 pixels, fed
+    32; BatchNorm given one value per channel) is one line here, not a traceback midway."""
     try:
         sample = val_set[0]
         with torch.device("meta"):
             model = build_model(args, num_outputs).eval()
     except (OSError, SyntaxError, RuntimeError, NotImplementedError):
         return  # a file that cannot be read, a model that reads values as it is built: no verdict
-    # In training BatchNorm normalises each channel over the batch, which one value (1 sample, a
-    # 1x1 feature map) cannot be: the smallest batch is tried too, the last of an epoch's samples
-    # per process (the sampler pads them to ceil(samples / processes) each).
+    # In training BatchNorm normalises each channel over the batch, which one value cannot be: the
+    # smallest batch is tried too, the last of ceil(samples / processes) per process.
     per_process = math.ceil(len(train_set) / world_size)
     smallest = per_process % args.batch_size or args.batch_size
     why = "" if smallest == args.batch_size else \
@@ -1754,9 +1714,8 @@ def read_state_dict(path):
         state = torch.load(path, map_location="cpu", weights_only=True,
                            mmap=zipfile.is_zipfile(path))
     except Exception as err:  # weights_only runs nothing from the file: what fails is the file
-        reason = (str(err).strip().splitlines() or [""])[0]
-        raise ConfigError(f"--init-from {path} cannot be read: {type(err).__name__} {reason}") \
-            from None
+        reason = f"{type(err).__name__} {(str(err).strip().splitlines() or [''])[0]}"
+        raise ConfigError(f"--init-from {path} cannot be read: {reason}") from None
     if isinstance(state, dict) and isinstance(state.get("model"), dict):
         state = state["model"]  # a training checkpoint
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
@@ -1773,8 +1732,7 @@ def read_state_dict(path):
 # [optional: init-from]
 def init_weights_from(args, model):
     """Load --init-from into the model before training: fine-tuning. Every key must fit, but
-    pretrained weights' layers of another shape (a classifier for another number of classes) keep
-    their fresh weights, to be trained for this task."""
+    pretrained layers of another shape (a classifier for other classes) keep their fresh weights."""
     own, fresh = model.state_dict(), []
     if args.init_from == "pretrained":
         state = pretrained_weights(args)
@@ -1803,9 +1761,8 @@ def configure_cuda(args, device):
         args.channels_last = device.type == "cuda"
     # [optional: deterministic]
     if args.deterministic:
-        # The same kernels, and the same sums, on every run: cuBLAS's fixed workspace (read when it
-        # first computes, after this), cuDNN's deterministic algorithms and torch's (it warns
-        # where it has none: docs/checkpoints.md), no TF32, no autotuning.
+        # The same kernels and sums on every run: cuBLAS's fixed workspace (read at its first use),
+        # deterministic algorithms (torch warns where it has none), no TF32, no autotuning.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.backends.cudnn.deterministic = True
@@ -1858,8 +1815,7 @@ def atomic_save(obj, path):
 
 # [optional: full disk]
 def write_error(path, err):
-    """A file that cannot be written (a full disk, a permission), as one line: which, why, the
-    space left on its file system. Written files are replaced whole or not at all (atomic_save)."""
+    """A write that failed (a full disk, a permission) as one line: which, why, the space left."""
     return ConfigError(f"cannot write {path}: {err.strerror or err} ({free_space(path)}); the "
                        f"files already in --out-dir are whole", status=EXIT_WRITE_FAILED)
 
@@ -1898,10 +1854,8 @@ class ConfigError(Exception):
 TASK_HOOKS = {
     "build_datasets": "build_datasets(args) returns (train_set, val_set, num_outputs)",
     "build_model": "build_model(args, num_outputs) returns the model",
-    "batch_loss": "batch_loss(model, batch) returns (the mean loss to train on, the batch's "
-                  "sample count)",
-    "evaluate_batch": "evaluate_batch(model, batch) returns (the batch's sums of EVAL_METRICS, "
-                      "its sample count)",
+    "batch_loss": "batch_loss(model, batch) returns (the mean loss to train on, its sample count)",
+    "evaluate_batch": "evaluate_batch(model, batch) returns (its sums of EVAL_METRICS, its count)",
     "EVAL_METRICS": "EVAL_METRICS names the metrics whose sums evaluate_batch returns",
     "add_task_arguments": "add_task_arguments(parser) adds the task's flags (it may add none)",
     "pretrained_weights": "pretrained_weights(args) returns a state dict",  # [optional: init-from]
@@ -1970,8 +1924,8 @@ def parse_args(argv=None):
                         help="CUDA: cuDNN times its algorithms per input shape, keeps the fastest")
     # [optional: deterministic]
     parser.add_argument("--deterministic", action="store_true",
-                        help="CUDA: deterministic kernels, no TF32, no autotuning: a run, and a "
-                             "resume, repeat bit for bit; slower (docs/checkpoints.md)")
+                        help="CUDA: deterministic kernels, no TF32, no autotuning: runs and "
+                             "resumes repeat bit for bit; slower")
     parser.add_argument("--compile", action="store_true",
                         help="compile the model with torch.compile: faster steps on GPUs after "
                              "a minute or more of compiling; measured slower on CPU. Each unit on "
@@ -1990,6 +1944,10 @@ def parse_args(argv=None):
                              "contiguous, converted in each pass (default: on GPUs)")
     parser.add_argument("--accum-steps", type=int, default=1,
                         help="micro-batches whose gradients are summed before each optimizer step")
+    # [optional: global batch]
+    parser.add_argument("--global-batch-size", type=int, default=None,
+                        help="samples per optimizer step, all processes: sets --accum-steps")
+    parser.set_defaults(accum_steps=None)  # [optional: global batch]
     parser.add_argument("--clip-grad-norm", type=float, default=0.0,
                         help="clip the global gradient norm to this value; 0 turns clipping off")
     # [optional: recompute]
@@ -2019,14 +1977,11 @@ def parse_args(argv=None):
     parser.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
                         help="process group backend; auto is nccl with CUDA, gloo without")
     parser.add_argument("--timeout-min", type=float, default=30.0,
-                        help="minutes a process waits for the others in a collective before the "
-                             "job fails (nccl's own default is 10)")
+                        help="minutes a process waits in a collective before the job fails")
     # [optional: legacy launcher]
-    # torch.distributed.launch passes --local-rank=N (--local_rank before torch 2.0) and sets
-    # LOCAL_RANK, as torchrun does: the flag is accepted, and LOCAL_RANK read.
+    # torch.distributed.launch passes --local-rank=N (--local_rank before torch 2.0): accepted.
     parser.add_argument("--local-rank", "--local_rank", type=int, default=None,
-                        help="passed by the legacy launcher, which sets LOCAL_RANK too: "
-                             "accepted, not read")
+                        help="passed by the legacy launcher, which sets LOCAL_RANK too: not read")
     args = parser.parse_args(argv)
     if args.out_dir is None:
         args.out_dir = os.path.join("runs", Path(__file__).stem)
@@ -2060,9 +2015,8 @@ def check_args(args):
             raise ConfigError(f"--{name.replace('_', '-')} must be at least {least}, got {value}")
     # [optional: value checks]
     for name in POSITIVE:
-        if getattr(args, name) <= 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got "
-                              f"{getattr(args, name)}")
+        if (value := getattr(args, name)) <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
     # [optional: init-from]
     if args.init_from not in (None, "pretrained") and not os.path.isfile(args.init_from):
         raise ConfigError(f"--init-from {args.init_from!r}: no such file")
@@ -2074,6 +2028,19 @@ def check_args(args):
         # for ... context_fn"), a traceback from every process.
         raise ConfigError("--compile cannot trace --activation-checkpointing's recompute (its "
                           "context_fn, which keeps BatchNorm's statistics): use one of the two")
+
+
+# [optional: global batch]
+def accum_steps_for(args, world_size):
+    """--accum-steps (1 by default), or --global-batch-size / (--batch-size x processes)."""
+    if args.global_batch_size is None:
+        return args.accum_steps or 1
+    steps = args.global_batch_size / (args.batch_size * world_size)
+    if steps < 1 or steps != int(steps) or args.accum_steps not in (None, steps):
+        raise ConfigError(f"--global-batch-size {args.global_batch_size} / (--batch-size "
+                          f"{args.batch_size} x {world_size} processes) = {steps:g} accumulation "
+                          f"steps: it must be a whole number, and --accum-steps, if given, equal")
+    return int(steps)
 
 
 def set_seed(seed):

@@ -8,8 +8,7 @@ To train something else, edit the section "your data and model" and nothing else
 
 A copier's map: what deleting each "# [optional: NAME]" gives up (lean/single_gpu.py: all).
     help formatter    --help stating each flag's default
-    value checks      one line before any work for --lr nan, --epochs 0, an --out-dir it cannot
-                      write to and the like, not a failure later
+    value checks      one line before any work for --lr nan, --epochs 0, an unwritable --out-dir
     cifar10           --data cifar10 and --download
     constant lr       --lr-schedule constant: --lr throughout, no warm-up
 """
@@ -337,8 +336,7 @@ def lr_factor(args, step, steps_per_epoch):
 
 
 def build_scheduler(args, optimizer, steps_per_epoch):
-    """The learning-rate schedule: scheduler.step() once per optimizer step, not per batch (with
-    accumulation, several batches make a step)."""
+    """The learning-rate schedule: scheduler.step() follows optimizer steps, not batches."""
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(args, step, steps_per_epoch))
 
@@ -417,8 +415,8 @@ def parse_args(argv=None):
     parser.add_argument("--log-interval", type=int, default=20,
                         help="optimizer steps between progress lines")
     parser.add_argument("--compile", action="store_true",
-                        help="compile the model with torch.compile: faster steps on GPUs after "
-                             "a minute or more of compiling; measured slower on CPU (default: off)")
+                        help="torch.compile the model: faster GPU steps after minutes of "
+                             "compiling, slower on CPU (default: off)")
     add_task_arguments(parser)
     args = parser.parse_args(argv)
     if args.out_dir is None:
@@ -448,9 +446,8 @@ def check_args(args):
         if value is not None and value < least:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least {least}, got {value}")
     for name in POSITIVE:
-        if getattr(args, name) <= 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got "
-                              f"{getattr(args, name)}")
+        if (value := getattr(args, name)) <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
 
 
 def set_seed(seed):

@@ -339,8 +339,7 @@ def lr_factor(args, step, steps_per_epoch):
 
 
 def build_scheduler(args, optimizer, steps_per_epoch):
-    """The learning-rate schedule: scheduler.step() once per optimizer step, not per batch (with
-    accumulation, several batches make a step)."""
+    """The learning-rate schedule: scheduler.step() follows optimizer steps, not batches."""
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(args, step, steps_per_epoch))
 
@@ -403,8 +402,8 @@ def parse_args(argv=None):
     parser.add_argument("--log-interval", type=int, default=20,
                         help="optimizer steps between progress lines")
     parser.add_argument("--compile", action="store_true",
-                        help="compile the model with torch.compile: faster steps on GPUs after "
-                             "a minute or more of compiling; measured slower on CPU (default: off)")
+                        help="torch.compile the model: faster GPU steps after minutes of "
+                             "compiling, slower on CPU (default: off)")
     add_task_arguments(parser)
     args = parser.parse_args(argv)
     if args.out_dir is None:

@@ -19,6 +19,7 @@ Every process scores a shard of the validation set with rank 0's model, and one 
 sums gives the whole set's exact metrics. Rank 0 writes checkpoints atomically; the same command
 resumes from the newest readable one (--resume auto) and ends bitwise identical to a run never
 stopped, where data-loader workers draw no random augmentation and GPU kernels are deterministic.
+On another number of processes a resume goes on from the same sample and point of the schedule.
 """
 import argparse
 import contextlib
@@ -65,15 +66,14 @@ def train(args):
     train_set, val_set, num_outputs = rank0_first(rank, build_datasets, args)
     train_loader, val_loader = build_loaders(args, train_set, val_set, device, rank, world_size)
     # Found before the model is built: a checkpoint wins over the weights it would start from.
-    checkpoint, checkpoint_path = find_checkpoint(args, world_size)
+    checkpoint, checkpoint_path = agreed_checkpoint(args, world_size)
     set_seed(args.seed)
     layout = torch.channels_last if args.channels_last else torch.preserve_format
     model = build_model(args, num_outputs).to(device, memory_format=layout)
     log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
     if args.compile:
-        # In place, before DDP wraps it: dynamo skips DDP's forward (torch.nn's code), so a compiled
-        # wrapper compiles only what DDP calls, nothing of a model whose forward is torch.nn's
-        # (nn.Sequential). DDP still cuts the compiled model at its buckets, to overlap all-reduces.
+        # In place, before DDP wraps it: dynamo skips torch.nn's code, so a compiled wrapper would
+        # skip DDP's forward and an nn.Sequential model's. DDP cuts the compiled model at buckets.
         model.compile()
     # DDP broadcasts rank 0's weights at construction and averages gradients during backward.
     # device_ids names the one GPU this process drives; on CPU it must be left out.
@@ -88,7 +88,7 @@ def train(args):
     # The weights came from the same seed everywhere; from here on each process draws its own
     # random numbers (dropout, augmentation), or all of them would repeat one draw.
     set_seed(args.seed + rank)
-    state = start_or_resume(checkpoint, checkpoint_path, model.module, optimizer, scheduler,
+    state = start_or_resume(args, checkpoint, checkpoint_path, model.module, optimizer, scheduler,
                             scaler, train_loader, rank)
     del checkpoint  # its tensors are copied into the model and the optimizer: free the memory
     log(f"process group {dist.get_backend()} | {world_size} processes | "
@@ -154,8 +154,7 @@ def autocast(args, device):
 
 
 def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, state):
-    """Train one epoch; return [loss sum, samples] over the epoch, all processes.
-    """
+    """Train one epoch; return [loss sum, samples] over the epoch, all processes."""
     model.train()
     totals = torch.zeros(2, dtype=torch.float64, device=device)
     num_steps = math.ceil(len(loader) / args.accum_steps)
@@ -213,8 +212,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
 def evaluate(args, model, loader, device):
     """Return the sums of EVAL_METRICS and the number of samples over the whole set: sums, since a
     mean over batches of different sizes is not the mean over samples. Each process scores its
-    shard; one all-reduce adds them.
-    """
+    shard; one all-reduce adds them."""
     # Every process scores its shard with rank 0's buffers (BatchNorm's running statistics), those
     # of the model saved: each has updated its own since DDP last broadcast them.
     broadcast_buffers(model)
@@ -394,8 +392,7 @@ def setup_distributed(args):
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl" and not torch.cuda.is_available():
-        raise ConfigError("--backend nccl needs CUDA GPUs and none is available; "
-                          "use --backend gloo on CPU")
+        raise ConfigError("--backend nccl needs CUDA GPUs and none is available: use gloo")
     rank = int(os.environ.get("RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -409,8 +406,7 @@ def setup_distributed(args):
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    # Imported before the group exists, its functions take none as their default group: imported
-    # later (torch.compile does), they would keep it, and gloo's threads, alive to an abort at exit.
+    # Imported now, not by torch.compile later: it would keep the group alive to an abort at exit.
     from torch.distributed.nn import functional  # noqa: F401
     gc.freeze()  # what exists now lives to the end: the garbage collector need not walk it again
     # A collective that waits longer than this ends the job: the most one process may work alone.
@@ -443,8 +439,7 @@ def rank0_first(rank, function, *args, turns=None):
 
 
 def cleanup_distributed():
-    """Leave the process group, the DDP model collected first: alive then, gloo can abort a finished
-    run at exit ("terminate called without an active exception")."""
+    """Leave the process group, the DDP model collected first: alive, it can abort gloo at exit."""
     gc.collect()
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -496,11 +491,8 @@ def to_device(batch, device, channels_last):
 
 class ShardSampler(Sampler):
     """Every world_size-th index from rank, in order, unpadded: each sample once, on one process.
-
     DistributedSampler pads the set with repeated samples until it divides evenly, or with
-    drop_last=True leaves the remainder out: either skews validation's metrics, counting some
-    samples twice or others never.
-    """
+    drop_last=True leaves the remainder out: either skews validation's metrics."""
 
     def __init__(self, dataset, num_replicas, rank):
         self.indices = range(rank, len(dataset), num_replicas)
@@ -537,8 +529,7 @@ def lr_factor(args, step, steps_per_epoch):
 
 
 def build_scheduler(args, optimizer, steps_per_epoch):
-    """The learning-rate schedule: scheduler.step() once per optimizer step, not per batch (with
-    accumulation, several batches make a step)."""
+    """The learning-rate schedule: scheduler.step() follows optimizer steps, not batches."""
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(args, step, steps_per_epoch))
 
@@ -614,7 +605,7 @@ def list_checkpoints(ckpt_dir):
     return [p for _, p in sorted(found, reverse=True)]
 
 
-def load_checkpoint(path, args, world_size):
+def load_checkpoint(path, args):
     """Read and check a checkpoint; anything wrong with it is a ConfigError naming the file."""
     try:
         # To the CPU, whatever the device: random states must stay CPU tensors (set_rng_state
@@ -622,61 +613,50 @@ def load_checkpoint(path, args, world_size):
         # weights_only: tensors and plain containers only, so loading a file runs no code from it.
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # weights_only runs nothing from the file: what fails is the file
-        reason = (str(err).strip().splitlines() or [""])[0]
-        raise ConfigError(f"checkpoint {path} cannot be read: {type(err).__name__} {reason}") \
-            from None
-    if not isinstance(checkpoint, dict) or "rank_states" not in checkpoint:
-        raise ConfigError(f"checkpoint {path} was not written by this script")
+        reason = f"{type(err).__name__} {(str(err).strip().splitlines() or [''])[0]}"
+        raise ConfigError(f"checkpoint {path} cannot be read: {reason}") from None
+    if not isinstance(checkpoint, dict) or not {"rank_states", *SHARED_STATE} <= checkpoint.keys():
+        raise ConfigError(f"checkpoint {path} was not written by this script (or this version)")
     settings, saved = vars(args), checkpoint["config"]
     may_change = RESUME_MAY_CHANGE + RESUME_MAY_CHANGE_TASK
     for name in sorted(settings.keys() & saved.keys()):
         if saved[name] != settings[name] and name not in may_change:
             raise ConfigError(f"checkpoint {path} is from a run with --{name.replace('_', '-')} "
                               f"{saved[name]}, this run has {settings[name]}")
-    if checkpoint["world_size"] != world_size:
-        raise ConfigError(f"checkpoint {path} was written by {checkpoint['world_size']} processes, "
-                          f"this run has {world_size}: resume with as many (the data position and "
-                          f"random states are per process)")
     return checkpoint
 
 
-def agreed_by_all(find):
+def agreed_checkpoint(args, world_size):
     """find_checkpoint on every process, then one collective: all must have found the same. A node
     that misses the newest checkpoint would start afresh while the others resume, and hang."""
-
-    def find_and_agree(args, world_size):
-        try:
-            checkpoint, path = find(args, world_size)
-            found = f"{Path(path).name} (step {checkpoint['global_step']})" if path else "none"
-            view = (found, None)
-        except ConfigError as err:
-            checkpoint, path, view = None, None, (None, str(err))
-        views = [None] * world_size
-        dist.all_gather_object(views, view)
-        for rank, (found, error) in enumerate(views):
-            if error is not None:
-                raise ConfigError(error if rank == 0 else f"on rank {rank}: {error}")
-            if found != views[0][0]:
-                raise ConfigError(f"processes disagree on the checkpoint to resume from: rank 0 "
-                                  f"finds {views[0][0]}, rank {rank} finds {found}; every node "
-                                  f"must see the same --out-dir")
-        return checkpoint, path
-
-    return find_and_agree
+    try:
+        checkpoint, path = find_checkpoint(args)
+        view = (f"{Path(path).name} (step {checkpoint['global_step']})" if path else "none", None)
+    except ConfigError as err:
+        checkpoint, path, view = None, None, (None, str(err))
+    views = [None] * world_size
+    dist.all_gather_object(views, view)
+    for rank, (found, error) in enumerate(views):
+        if error is not None:
+            raise ConfigError(error if rank == 0 else f"on rank {rank}: {error}")
+        if found != views[0][0]:
+            raise ConfigError(f"processes disagree on the checkpoint to resume from: rank 0 finds "
+                              f"{views[0][0]}, rank {rank} finds {found}; every node must see the "
+                              f"same --out-dir")
+    return checkpoint, path
 
 
-@agreed_by_all
-def find_checkpoint(args, world_size):
+def find_checkpoint(args):
     """The checkpoint to resume from and its path, or (None, None) to start afresh."""
     if args.resume == "none":
         return None, None
     if args.resume != "auto":
-        return load_checkpoint(args.resume, args, world_size), args.resume
+        return load_checkpoint(args.resume, args), args.resume
     candidates = list_checkpoints(Path(args.out_dir) / "checkpoints")
     reasons = []
     for path in candidates:
         try:
-            return load_checkpoint(path, args, world_size), path
+            return load_checkpoint(path, args), path
         except ConfigError as err:
             # A torn or foreign file is reported and passed over for the one before it.
             log(f"skipping: {err}")
@@ -697,8 +677,13 @@ def restore(checkpoint, path, model, optimizer, scheduler, scaler, rank):
     except (RuntimeError, ValueError, KeyError) as err:
         raise ConfigError(f"checkpoint {path} does not fit this model: {first_line(err)}") from None
     scaler.load_state_dict(checkpoint["scaler"])
-    state = TrainState(**{name: checkpoint[name] for name in SHARED_STATE},
-                       **checkpoint["rank_states"][rank])
+    rank_states = checkpoint["rank_states"]
+    if len(rank_states) == dist.get_world_size():
+        own = rank_states[rank]
+    else:
+        # Another number of processes: each keeps its own random states (seed + rank).
+        own = {**rank_states[0], "rng": rng_state(), "loader_rng": None}
+    state = TrainState(**{name: checkpoint[name] for name in SHARED_STATE}, **own)
     set_rng_state(state.rng)
     return state
 
@@ -707,12 +692,25 @@ def first_line(err):
     return (str(err).strip() or type(err).__name__).splitlines()[0]
 
 
-def start_or_resume(checkpoint, path, model, optimizer, scheduler, scaler, train_loader, rank):
+def start_or_resume(args, checkpoint, path, model, optimizer, scheduler, scaler, train_loader,
+                    rank):
     """The TrainState to start from: a fresh one, or the checkpoint's with all it holds restored."""
     if checkpoint is None:
         return TrainState(rng=rng_state(), loader_rng=train_loader.generator.get_state())
     state = restore(checkpoint, path, model, optimizer, scheduler, scaler, rank)
-    train_loader.generator.set_state(state.loader_rng)
+    if state.loader_rng is not None:  # None: its own (seed + rank), as it starts
+        train_loader.generator.set_state(state.loader_rng)
+    if checkpoint["world_size"] != dist.get_world_size():
+        # Another number of processes: the schedule goes on from the same fraction of the run.
+        steps_per_epoch = math.ceil(len(train_loader) / args.accum_steps)
+        done = state.epoch
+        scheduler.last_epoch = round(done * steps_per_epoch) - 1
+        scheduler.step()
+        was = checkpoint["world_size"] * checkpoint["config"]["accum_steps"] * args.batch_size
+        log(f"written by {checkpoint['world_size']} processes, resumed by {dist.get_world_size()}: "
+            f"global batch {was} -> {args.batch_size * args.accum_steps * dist.get_world_size()}; "
+            f"fresh random states (dropout), rank 0's BatchNorm statistics: per-process state "
+            f"stays behind")
     return state
 
 
@@ -798,8 +796,8 @@ def parse_args(argv=None):
     parser.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction, default=True,
                         help="CUDA: cuDNN times its algorithms per input shape, keeps the fastest")
     parser.add_argument("--compile", action="store_true",
-                        help="compile the model with torch.compile: faster steps on GPUs after "
-                             "a minute or more of compiling; measured slower on CPU (default: off)")
+                        help="torch.compile the model: faster GPU steps after minutes of "
+                             "compiling, slower on CPU (default: off)")
     add_task_arguments(parser)
     parser.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none",
                         help="autocast the forward to this precision; fp16 adds a GradScaler")
@@ -818,8 +816,7 @@ def parse_args(argv=None):
     parser.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
                         help="process group backend; auto is nccl with CUDA, gloo without")
     parser.add_argument("--timeout-min", type=float, default=30.0,
-                        help="minutes a process waits for the others in a collective before the "
-                             "job fails (nccl's own default is 10)")
+                        help="minutes a process waits in a collective before the job fails")
     args = parser.parse_args(argv)
     if args.out_dir is None:
         args.out_dir = os.path.join("runs", Path(__file__).stem)

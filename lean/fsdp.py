@@ -89,7 +89,7 @@ def train(args):
     train_set, val_set, num_outputs = rank0_first(rank, build_datasets, args)
     train_loader, val_loader = build_loaders(args, train_set, val_set, device, rank, world_size)
     # Found before the model is built: a checkpoint wins over the weights it would start from.
-    checkpoint, checkpoint_path = find_checkpoint(args, world_size)
+    checkpoint, checkpoint_path = agreed_checkpoint(args, world_size)
     # Every process builds the model on the meta device (its shapes: no memory, no values); rank 0
     # alone holds its values, which shard_model hands out as shards (initial_values says which).
     model = build_on_meta(args, num_outputs)
@@ -186,8 +186,7 @@ def autocast(args, device, model):
 
 
 def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, state):
-    """Train one epoch; return [loss sum, samples] over the epoch, all processes.
-    """
+    """Train one epoch; return [loss sum, samples] over the epoch, all processes."""
     model.train()
     totals = torch.zeros(2, dtype=torch.float64, device=device)
     num_steps = math.ceil(len(loader) / args.accum_steps)
@@ -249,8 +248,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
 def evaluate(args, model, loader, device):
     """Return the sums of EVAL_METRICS and the number of samples over the whole set: sums, since a
     mean over batches of different sizes is not the mean over samples. Each process scores its
-    shard; one all-reduce adds them.
-    """
+    shard; one all-reduce adds them."""
     # Every process scores its shard with rank 0's buffers (BatchNorm's running statistics), those
     # of the model saved: FSDP shards parameters, not buffers, and each process updates its own.
     broadcast_buffers(model)
@@ -472,8 +470,7 @@ def setup_distributed(args):
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl" and not torch.cuda.is_available():
-        raise ConfigError("--backend nccl needs CUDA GPUs and none is available; "
-                          "use --backend gloo on CPU")
+        raise ConfigError("--backend nccl needs CUDA GPUs and none is available: use gloo")
     rank = int(os.environ.get("RANK", 0))
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -492,8 +489,7 @@ def setup_distributed(args):
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    # Imported before the group exists, its functions take none as their default group: imported
-    # later (torch.compile does), they would keep it, and gloo's threads, alive to an abort at exit.
+    # Imported now, not by torch.compile later: it would keep the group alive to an abort at exit.
     from torch.distributed.nn import functional  # noqa: F401
     gc.freeze()  # what exists now lives to the end: the garbage collector need not walk it again
     # A collective that waits longer than this ends the job: the most one process may work alone.
@@ -762,11 +758,8 @@ def to_device(batch, device, channels_last):
 
 class ShardSampler(Sampler):
     """Every world_size-th index from rank, in order, unpadded: each sample once, on one process.
-
     DistributedSampler pads the set with repeated samples until it divides evenly, or with
-    drop_last=True leaves the remainder out: either skews validation's metrics, counting some
-    samples twice or others never.
-    """
+    drop_last=True leaves the remainder out: either skews validation's metrics."""
 
     def __init__(self, dataset, num_replicas, rank):
         self.indices = range(rank, len(dataset), num_replicas)
@@ -803,8 +796,7 @@ def lr_factor(args, step, steps_per_epoch):
 
 
 def build_scheduler(args, optimizer, steps_per_epoch):
-    """The learning-rate schedule: scheduler.step() once per optimizer step, not per batch (with
-    accumulation, several batches make a step)."""
+    """The learning-rate schedule: scheduler.step() follows optimizer steps, not batches."""
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(args, step, steps_per_epoch))
 
@@ -934,11 +926,10 @@ def load_checkpoint(path, args):
         checkpoint = torch.load(Path(path) / "train_state.pt", map_location="cpu",
                                 weights_only=True)
     except Exception as err:  # weights_only runs nothing from the file: what fails is the file
-        reason = (str(err).strip().splitlines() or [""])[0]
-        raise ConfigError(f"checkpoint {path} cannot be read: {type(err).__name__} {reason}") \
-            from None
-    if not isinstance(checkpoint, dict) or "rank_states" not in checkpoint:
-        raise ConfigError(f"checkpoint {path} was not written by this script")
+        reason = f"{type(err).__name__} {(str(err).strip().splitlines() or [''])[0]}"
+        raise ConfigError(f"checkpoint {path} cannot be read: {reason}") from None
+    if not isinstance(checkpoint, dict) or not {"rank_states", *SHARED_STATE} <= checkpoint.keys():
+        raise ConfigError(f"checkpoint {path} was not written by this script (or this version)")
     check_shards(path)
     settings, saved = vars(args), checkpoint["config"]
     may_change = RESUME_MAY_CHANGE + RESUME_MAY_CHANGE_TASK
@@ -949,33 +940,27 @@ def load_checkpoint(path, args):
     return checkpoint
 
 
-def agreed_by_all(find):
+def agreed_checkpoint(args, world_size):
     """find_checkpoint on every process, then one collective: all must have found the same. A node
     that misses the newest checkpoint would start afresh while the others resume, and hang."""
-
-    def find_and_agree(args, world_size):
-        try:
-            checkpoint, path = find(args, world_size)
-            found = f"{Path(path).name} (step {checkpoint['global_step']})" if path else "none"
-            view = (found, None)
-        except ConfigError as err:
-            checkpoint, path, view = None, None, (None, str(err))
-        views = [None] * world_size
-        dist.all_gather_object(views, view)
-        for rank, (found, error) in enumerate(views):
-            if error is not None:
-                raise ConfigError(error if rank == 0 else f"on rank {rank}: {error}")
-            if found != views[0][0]:
-                raise ConfigError(f"processes disagree on the checkpoint to resume from: rank 0 "
-                                  f"finds {views[0][0]}, rank {rank} finds {found}; every node "
-                                  f"must see the same --out-dir")
-        return checkpoint, path
-
-    return find_and_agree
+    try:
+        checkpoint, path = find_checkpoint(args)
+        view = (f"{Path(path).name} (step {checkpoint['global_step']})" if path else "none", None)
+    except ConfigError as err:
+        checkpoint, path, view = None, None, (None, str(err))
+    views = [None] * world_size
+    dist.all_gather_object(views, view)
+    for rank, (found, error) in enumerate(views):
+        if error is not None:
+            raise ConfigError(error if rank == 0 else f"on rank {rank}: {error}")
+        if found != views[0][0]:
+            raise ConfigError(f"processes disagree on the checkpoint to resume from: rank 0 finds "
+                              f"{views[0][0]}, rank {rank} finds {found}; every node must see the "
+                              f"same --out-dir")
+    return checkpoint, path
 
 
-@agreed_by_all
-def find_checkpoint(args, world_size):
+def find_checkpoint(args):
     """The checkpoint to resume from and its path, or (None, None) to start afresh."""
     if args.resume == "none":
         return None, None
@@ -1016,8 +1001,7 @@ def restore(checkpoint, path, model, optimizer, scheduler, scaler, rank):
     if len(rank_states) == dist.get_world_size():
         own = rank_states[rank]
     else:
-        # Another number of processes: no process's random states or partial sums are this one's.
-        # It keeps its own random states (seed + rank); rank 0 takes the sums of all, whole again.
+        # Another number of processes: each keeps its own random states (seed + rank).
         own = {**rank_states[0], "rng": rng_state(), "loader_rng": None}
     state = TrainState(**{name: checkpoint[name] for name in SHARED_STATE}, **own)
     set_rng_state(state.rng)
@@ -1034,18 +1018,19 @@ def start_or_resume(args, checkpoint, path, model, optimizer, scheduler, scaler,
     if checkpoint is None:
         return TrainState(rng=rng_state(), loader_rng=train_loader.generator.get_state())
     state = restore(checkpoint, path, model, optimizer, scheduler, scaler, rank)
-    if state.loader_rng is None:
-        state.loader_rng = train_loader.generator.get_state()
-    else:
+    if state.loader_rng is not None:  # None: its own (seed + rank), as it starts
         train_loader.generator.set_state(state.loader_rng)
     if checkpoint["world_size"] != dist.get_world_size():
-        # Another number of processes takes another number of steps per epoch (the global batch
-        # is another): the schedule goes on from the same fraction of the run, as the data goes on
-        # from the same sample.
+        # Another number of processes: the schedule goes on from the same fraction of the run.
         steps_per_epoch = math.ceil(len(train_loader) / args.accum_steps)
         done = state.epoch
         scheduler.last_epoch = round(done * steps_per_epoch) - 1
         scheduler.step()
+        was = checkpoint["world_size"] * checkpoint["config"]["accum_steps"] * args.batch_size
+        log(f"written by {checkpoint['world_size']} processes, resumed by {dist.get_world_size()}: "
+            f"global batch {was} -> {args.batch_size * args.accum_steps * dist.get_world_size()}; "
+            f"fresh random states (dropout), rank 0's BatchNorm statistics: per-process state "
+            f"stays behind")
     return state
 
 
@@ -1194,8 +1179,7 @@ def parse_args(argv=None):
     parser.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
                         help="process group backend; auto is nccl with CUDA, gloo without")
     parser.add_argument("--timeout-min", type=float, default=30.0,
-                        help="minutes a process waits for the others in a collective before the "
-                             "job fails (nccl's own default is 10)")
+                        help="minutes a process waits in a collective before the job fails")
     args = parser.parse_args(argv)
     if args.out_dir is None:
         args.out_dir = os.path.join("runs", Path(__file__).stem)

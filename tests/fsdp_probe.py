@@ -53,7 +53,7 @@ sampler_iter = fsdp.ResumableSampler.__iter__
 def recording_iter(self):
     with open(probe_dir / f"samples_{where()}.txt", "a") as f:
         for index in sampler_iter(self):
-            f.write(f"{self.sampler.epoch} {index}\n")
+            f.write(f"{self.epoch} {index}\n")
             f.flush()
             yield index
 

@@ -202,6 +202,16 @@ def test_resume_of_a_checkpoint_for_another_architecture_is_one_clear_error(fini
     assert snapshot(finished_run) == before
 
 
+def test_resume_of_a_checkpoint_from_an_older_version_is_one_clear_error(finished_run, tmp_path, capsys):
+    # Written before checkpoints recorded epoch_position (the position over all processes): not a KeyError.
+    checkpoint = torch.load(finished_run / "checkpoints" / "step_000000024.pt", weights_only=True)
+    del checkpoint["epoch_position"]
+    torch.save(checkpoint, tmp_path / "old.pt")
+    result = call_main("ddp_full.py", [*TINY, "--batch-size", "8", "--resume", str(tmp_path / "old.pt"),
+                                       "--out-dir", str(finished_run)], capsys)
+    assert_one_clear_error(result, "ddp_full.py", "was not written by this script (or this version)")
+
+
 def test_resume_with_other_settings_is_one_clear_error(finished_run):
     before = snapshot(finished_run)
     result = launch("ddp_full.py", [*TINY, "--batch-size", "4", "--epochs", "3",
@@ -211,12 +221,20 @@ def test_resume_with_other_settings_is_one_clear_error(finished_run):
     assert snapshot(finished_run) == before
 
 
-def test_resume_with_another_world_size_is_one_clear_error(finished_run):
-    # The checkpoint holds per-process random states and a per-process data position for 2.
-    before = snapshot(finished_run)
-    result = launch("ddp_full.py", [*TINY, "--batch-size", "8", "--out-dir", str(finished_run)])
-    assert_one_clear_error(result, "ddp_full.py", "was written by 2 processes, this run has 1")
-    assert snapshot(finished_run) == before
+@pytest.mark.parametrize("script", ["ddp_amp_accum.py", "ddp_full.py", "fsdp.py"])
+def test_a_global_batch_size_the_processes_cannot_make_is_one_clear_error(script, tmp_path, capsys):
+    result = call_main(script, [*TINY, "--batch-size", "8", "--global-batch-size", "100", "--out-dir", str(tmp_path)],
+                       capsys)
+    assert_one_clear_error(result, script, "--global-batch-size 100 / (--batch-size 8 x 1 processes) = 12.5 "
+                                           "accumulation steps: it must be a whole number")
+
+
+@pytest.mark.parametrize("script", ["ddp_amp_accum.py", "ddp_full.py", "fsdp.py"])
+def test_accum_steps_that_disagree_with_the_global_batch_size_are_one_clear_error(script, tmp_path, capsys):
+    args = ["--batch-size", "8", "--global-batch-size", "32", "--accum-steps", "2", "--out-dir", str(tmp_path)]
+    result = call_main(script, [*TINY, *args], capsys)
+    assert_one_clear_error(result, script, "= 4 accumulation steps: it must be a whole number, and --accum-steps, "
+                                           "if given, equal")
 
 
 def test_sync_bn_without_cuda_is_one_clear_error(tmp_path, capsys):

@@ -120,3 +120,12 @@ def test_accumulation_all_reduces_gradients_once_per_optimizer_step(runs):
         counts = json.loads((count_dir / f"rank{rank}.json").read_text())
         # 12 micro-batches an epoch: without no_sync around forward and backward there would be 24.
         assert counts["reductions"] == ACCUM_STEPS_PER_RUN, counts
+
+
+def test_global_batch_size_sets_the_accumulation_steps_and_trains_as_one_process_on_that_batch(runs, tmp_path):
+    # 80 samples a step on 2 processes x 8: --accum-steps 5, the run above, said in the start-up line.
+    single = runs.get("single80", "single_gpu.py", ["--batch-size", "80"])
+    result = run_ok("ddp_amp_accum.py", tmp_path, ["--batch-size", "8", "--global-batch-size", "80"], nproc=2)
+    assert "global batch 80 = 8 per process x 2 processes x 5 accumulation steps" in result.stdout
+    assert_same_training(single, tmp_path)
+

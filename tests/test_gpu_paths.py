@@ -27,7 +27,7 @@ def test_the_suite_hides_gpus_from_itself_and_from_every_launch():
     assert result.stdout.split() == ["''", "0"], result.stdout + result.stderr
 
 
-def test_a_checkpoint_restores_onto_another_device_than_the_cpu(runs):
+def test_a_checkpoint_restores_onto_another_device_than_the_cpu(runs, monkeypatch):
     # A GPU run restores into a model on its GPU, with device=cuda. Random states can only be set
     # from CPU byte tensors (check_rng_state in ATen's Generator.h): loading the file with
     # map_location=<the device> breaks every resume on a GPU with "RNG state must be a
@@ -37,12 +37,14 @@ def test_a_checkpoint_restores_onto_another_device_than_the_cpu(runs):
     out_dir = runs.get("full_w2", "ddp_full.py", ["--batch-size", "8"], nproc=2)
     path = out_dir / "checkpoints" / "step_000000012.pt"
     args = module.parse_args([*TINY, "--batch-size", "8", "--out-dir", str(out_dir)])
+    args.accum_steps = module.accum_steps_for(args, 2)  # decided in train(), as the world is known
     meta = torch.device("meta")
     model = module.build_model(args, module.NUM_SYNTHETIC_CLASSES).to(meta)
     optimizer = module.build_optimizer(args, model)
     scheduler = module.build_scheduler(args, optimizer, steps_per_epoch=12)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
-    checkpoint = module.load_checkpoint(path, args, world_size=2)
+    checkpoint = module.load_checkpoint(path, args)
+    monkeypatch.setattr(module.dist, "get_world_size", lambda: 2)  # rank 1 of the 2 that wrote it
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "copying from a non-meta parameter ... is a no-op"
         state = module.restore(checkpoint, path, model, optimizer, scheduler, scaler, rank=1)

@@ -144,7 +144,7 @@ MANIFEST = {
             "the linear scaling rule (Goyal et al., 2017: with a warm-up, as the cosine schedule has, "
             "it held up to a global batch of 8,192 on ImageNet, not beyond).",
         ]},
-        "diff_size": (204, 69),
+        "diff_size": (196, 69),
     },
     "ddp_amp_accum.py": {
         "concepts": [
@@ -174,7 +174,9 @@ MANIFEST = {
             "configure_cuda": "amp",
             "to_device": "amp",
             "parse_args": [("--amp", "amp"), ("--channels-last", "amp"), ("--accum-steps", "accum"),
-                           ("accumulation steps", "accum"), ("--clip-grad-norm", "clip")],
+                           ("accumulation steps", "accum"), ("--clip-grad-norm", "clip"),
+                           ("set_defaults", "accum")],
+            "accum_steps_for": "accum",
             "AT_LEAST": "accum",
             "train_one_epoch": [("grad_norm = None", "clip"), ("{norm}", "clip"), ("grad norm", "clip"),
                                 ("once per optimizer step", "accum"), ("totals", "accum"),
@@ -188,17 +190,16 @@ MANIFEST = {
                       ("steps_per_epoch=math.ceil", "accum"), ("scheduler, scaler", "amp")],
         },
         "removed": {},
-        "flags_added": {"--amp", "--accum-steps", "--clip-grad-norm", "--channels-last"},
+        "flags_added": {"--amp", "--accum-steps", "--clip-grad-norm", "--channels-last", "--global-batch-size"},
         "mechanisms": {"autocast"},
-        "diff_size": (93, 38),
+        "diff_size": (111, 39),
     },
     "ddp_full.py": {
         "concepts": [
             TOP,
             ("validation", "Exact validation on every process",
              "Each process scores its unpadded shard with rank 0's BatchNorm statistics; one "
-             "all-reduce of sums and counts gives the exact metrics. Every process goes round as "
-             "often as the longest shard has batches, so that all can agree on a stop."),
+             "all-reduce of sums and counts gives the exact metrics."),
             ("state", "Where the run stands: TrainState",
              "A TrainState follows every optimizer step: what processes share and what each "
              "holds alone (its random states, its sums so far)."),
@@ -212,10 +213,11 @@ MANIFEST = {
             ("restore", "Restoring what a checkpoint holds",
              "Model, optimizer, schedule, scaler and random states, all put back: a resume at an "
              "epoch's end goes on bitwise as a run never stopped (when exactly: the change in brief, "
-             "above)."),
+             "above). On another number of processes the schedule goes on from the same fraction of "
+             "the run; --global-batch-size keeps the global batch."),
             ("midepoch", "Stopping and resuming mid-epoch",
-             "--max-steps and --ckpt-steps stop and checkpoint within an epoch; a resume skips the "
-             "samples the epoch's first steps consumed (ResumableSampler), on every process."),
+             "--max-steps and --ckpt-steps stop and checkpoint within an epoch; a resume deals the "
+             "rest of the epoch (ResumableSampler), on any number of processes."),
             ("preempt", "Preemption: SIGTERM",
              "Every process checks a shared flag before each batch, so all stop at the same one; "
              "the run checkpoints and exits 75 (requeue me)."),
@@ -258,7 +260,7 @@ MANIFEST = {
         ],
         "ahead": {
             "state": "restore",
-            "agreed_by_all": "agreement",
+            "agreed_checkpoint": "agreement",
             "EXIT_REQUEUE": "preempt",
             "PREEMPTION": "preempt",
             "report_unreadable": "reported",
@@ -266,7 +268,7 @@ MANIFEST = {
         },
         "regions": {
             "docstring": "top",
-            "imports": [("dataclasses", "state"), ("itertools", "midepoch"),
+            "imports": [("dataclasses", "state"),
                         ("import re", "checkpoint"), ("shutil", "failures"), ("signal", "preempt"),
                         ("Dataset", "samples"), ("zipfile", "initfrom")],
             "RESUME_MAY_CHANGE": "resume",
@@ -312,7 +314,7 @@ MANIFEST = {
             "atomic_save": [("full disk", "failures"), ("", "checkpoint")],
             "list_checkpoints": "checkpoint",
             "load_checkpoint": "resume",
-            "agreed_by_all": "agreement",
+            "agreed_checkpoint": "agreement",
             "find_checkpoint": "resume",
             "restore": "restore",
             "process_failure": "restore",
@@ -341,7 +343,7 @@ MANIFEST = {
                       ("check_model_fits", "checks"), ("PREEMPTION", "preempt"),
                       ("stop_run", "midepoch"), ("set_start", "midepoch"), ("max_steps", "midepoch"),
                       ("del checkpoint", "restore"), ("start_or_resume(", "restore"),
-                      ("find_checkpoint", "resume"), ("log_resume", "resume"),
+                      ("agreed_checkpoint", "resume"), ("log_resume", "resume"),
                       ("A resumed run rewrites", "resume"), ("out_dir = Path", "resume"),
                       ("save_checkpoint", "checkpoint"), ("state", "state"), ("return 0", "state"),
                       ("Every process evaluates its shard", "validation")],
@@ -353,12 +355,12 @@ MANIFEST = {
                         "--sync-bn", "--bucket-cap-mb", "--gradient-as-bucket-view", "--init-from",
                         "--tf32", "--cudnn-benchmark", "--deterministic"},
         "mechanisms": {"ShardSampler", "TrainState", "rng_state", "save_checkpoint", "load_checkpoint",
-                       "find_checkpoint", "agreed_by_all", "restore", "set_rng_state", "start_or_resume",
+                       "find_checkpoint", "agreed_checkpoint", "restore", "set_rng_state", "start_or_resume",
                        "ResumableSampler", "stop_run", "Preemption", "EpochKeys", "SeededSamples",
                        "ReadableSamples", "readable_sets", "report_unreadable", "write_error", "check_task",
                        "check_model_fits", "flight_recorder",
                        "init_weights_from"},
-        "diff_size": (1000, 65),
+        "diff_size": (993, 62),
     },
     "fsdp.py": {
         "concepts": [
@@ -462,13 +464,10 @@ MANIFEST = {
              "directory, rank 0 the metadata and train_state.pt; rank 0 checks that every shard is "
              "there and renames the directory into place. Before a resume each shard file is checked "
              "against the sizes in the metadata."),
-            ("reshard", "Resuming on another number of processes",
-             "Restored exactly: the model and the optimizer's state (resharded as they load) and the "
-             "samples (the rest of the epoch's order from the same global position, each once). Not "
-             "as a straight run: the global batch (processes x batch x accumulation) and with it "
-             "every later step, the processes' random states (fresh), the rounding of sums; the "
-             "schedule goes on from the same fraction of the run. On as many processes as before the "
-             "resume is bitwise."),
+            ("reshard", "Resharding a checkpoint on another number of processes",
+             "A checkpoint's shards load onto any number of processes: get_state_dict, dcp.load and "
+             "set_state_dict reshard the model and the optimizer's state as they load. The samples, "
+             "the schedule and the random states go on as in ddp_full.py."),
             ("modelpt", "model.pt: the whole model on rank 0",
              "get_model_state_dict gathers every slice to rank 0's CPU (the whole model may not fit "
              "its GPU): plain keys, loading into the model without FSDP. That is the whole model in "
@@ -492,7 +491,6 @@ MANIFEST = {
             "device_mesh": "shard",
             "POSITIVE": "shard",
             "check_args": [("activation_checkpointing", "recompute"), ("", "checkpoint")],
-            "ResumableSampler": "reshard",
             "precision_policies": "precision",
             "has_batchnorm": "precision",
             "autocast": "precision",
@@ -520,20 +518,16 @@ MANIFEST = {
             "evaluate": [("spare", "validation"), ("", "validation")],
             "report_unreadable": "validation",
             "spare_batch": "validation",
-            "TrainState": "reshard",
-            "SHARED_STATE": "reshard",
             "save_checkpoint": "checkpoint",
             "shard_write_error": "checkpoint",
             "list_checkpoints": "checkpoint",
             "check_shards": "checkpoint",
-            "load_checkpoint": [("removed:world_size", "reshard"), ("", "checkpoint")],
-            "find_checkpoint": "checkpoint",
-            "restore": [("dcp", "checkpoint"), ("sharded", "checkpoint"), ("", "reshard")],
-            "start_or_resume": "reshard",
+            "load_checkpoint": "checkpoint",
+            "restore": "checkpoint",
             "compile_model": "units",
             "train": [("compile_model", "units"), ("get_model_state_dict", "modelpt"),
                       ("rank0_only(rank, atomic_save, full", "modelpt"),
-                      ("evaluate", "validation"), ("epoch_position", "reshard"),
+                      ("evaluate", "validation"),
                       ("start_or_resume", "reshard"), ("units = shard_model", "shard"),
                       ("build_on_meta", "hostcopy"), ("initial_values", "hostcopy"), ("del values", "hostcopy"),
                       ("", "shard")],
@@ -546,7 +540,7 @@ MANIFEST = {
                        "recompute_in_backward", "buffers_kept", "device_mesh",
                        "find_blocks", "check_units", "shard_units", "compile_model", "initial_values",
                        "own_initialisation"},
-        "diff_size": (647, 145),
+        "diff_size": (588, 121),
     },
 }
 
@@ -591,7 +585,7 @@ BRIEF = {
         ("restore", [("restore", "try:"), 'model.load_state_dict(checkpoint["model"])', 'optimizer.load_state_dict(checkpoint',
                      'scheduler.load_state_dict(checkpoint', "set_rng_state(state.rng)",
                      "train_loader.generator.set_state("]),
-        ("midepoch", ["train_loader.sampler.set_start(", "return itertools.islice("]),
+        ("midepoch", ["train_loader.sampler.set_start(", "rest = order[self.start:]"]),
         ("preempt", ["signal.signal(signal.SIGTERM, self.request)", "op=dist.ReduceOp.MAX",
                      "*if PREEMPTION.agreed:  # after the step"]),
     ],

@@ -331,10 +331,10 @@ PITFALLS = [
         "title": "Inexact resume: the position in the epoch",
         "mistake": "restarting a mid-epoch checkpoint at the beginning of its epoch",
         "symptom": "the first samples of the epoch are trained on twice, and the epoch runs long",
-        "correct": "skip the samples the epoch already consumed, on every process (`set_start`)",
+        "correct": "skip the samples all processes already consumed in the epoch (`set_start`)",
         "fix": [("ddp_full.py", "train_loader.sampler.set_start(")],
         "guards": ["tests/test_resume.py::test_resume_mid_epoch_then_at_an_epoch_boundary_is_bitwise_equal_to_an_uninterrupted_run"],
-        "mutation": ("ddp_full.py", "train_loader.sampler.set_start(state.step_in_epoch * args.accum_steps * args.batch_size)",
+        "mutation": ("ddp_full.py", "train_loader.sampler.set_start(state.epoch_position)",
                      "train_loader.sampler.set_start(0)"),
     },
     {
@@ -406,13 +406,15 @@ PITFALLS = [
     },
     {
         "title": "Resuming on another number of processes",
-        "mistake": "loading a checkpoint written by W processes into W' processes as if nothing changed",
-        "symptom": "per-process random states and the data position no longer match: samples are skipped or "
-                   "repeated",
-        "correct": "refuse in one line (the checkpoint records its world size)",
-        "fix": [("ddp_full.py", 'if checkpoint["world_size"] != world_size:')],
-        "guards": ["tests/test_bad_input.py::test_resume_with_another_world_size_is_one_clear_error"],
-        "mutation": ("ddp_full.py", 'if checkpoint["world_size"] != world_size:', "if False:"),
+        "mistake": "the data position kept per process, or as steps times the new world's global batch",
+        "symptom": "a smaller or larger cluster skips or repeats samples of the resumed epoch (or refuses the run)",
+        "correct": "record how far the epoch's order all processes together got and deal the rest afresh; "
+                   "--global-batch-size keeps the global batch",
+        "fix": [("ddp_full.py", "train_loader.sampler.set_start(state.epoch_position)")],
+        "guards": ["tests/test_world_change.py::"
+                   "test_without_global_batch_size_a_resume_on_fewer_processes_goes_on_with_a_smaller_global_batch"],
+        "mutation": ("ddp_full.py", "train_loader.sampler.set_start(state.epoch_position)",
+                     "train_loader.sampler.set_start(\n            state.step_in_epoch * args.accum_steps * args.batch_size * world_size)"),
     },
     {
         "title": "Random states loaded onto the GPU",

@@ -84,6 +84,18 @@ def strip(text, names=None):
         if first is not None:
             end = next(n for n in range(first, len(lines) + 1) if lines[n - 1].startswith('"""'))
             drop.update(range(first - (first > 1 and not lines[first - 2].strip()), end))
+    # A docstring whose last paragraph went closes on its text's last line, as the others do.
+    for number, line in enumerate(lines, start=1):
+        above = number - 1
+        while above in drop:
+            above -= 1
+        closing = line.strip() == '"""' and line[0] == " " and number not in drop
+        closing = closing and above < number - 1
+        if closing and TAG.fullmatch(lines[above].strip()) and lines[above - 1].strip():
+            joined = lines[above - 1].rstrip("\n") + '"""\n'
+            if len(joined) <= 101 and not lines[above - 1].lstrip().startswith("#"):
+                lines[above - 1] = joined
+                drop.add(number)
     kept = [line for number, line in enumerate(lines, start=1) if number not in drop]
     # A section ("# --- title") whose code all went: its header and comments go too.
     headers = [k for k, line in enumerate(kept) if line.startswith(SECTION)] + [len(kept)]
