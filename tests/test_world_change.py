@@ -8,7 +8,6 @@ equivalence tolerance (test_equivalence.py: only where float32 sums happen diffe
 """
 import os
 import signal
-import time
 
 import pytest
 
@@ -75,9 +74,9 @@ def test_an_elastic_run_that_loses_a_node_finishes_on_the_node_left(runs, tmp_pa
         cmd = command("ddp_full.py", [*long, "--out-dir", str(out_dir)])
         cmd[1:2] = ["-m", "torch.distributed.run", "--nnodes=1:2", "--nproc_per_node=1", "--max-restarts=3",
                     "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=elastic",
-                    "--rdzv-conf=last_call_timeout=5", "--monitor-interval=0.2", cmd[1]]
+                    # Agent 0 hosts the rendezvous store (is_host), whichever agent starts first.
+                    f"--rdzv-conf=last_call_timeout=5,is_host={node == 0}", "--monitor-interval=0.2", cmd[1]]
         agents.append(start(cmd, tmp_path / f"node{node}", env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}))
-        time.sleep(1 if node == 0 else 0)  # agent 0 starts first: it hosts the rendezvous store
     wait_for_checkpoint(agents[0], out_dir)
     lost = agents[1]
     for pid in [*children(lost.pid), lost.pid]:
