@@ -669,7 +669,7 @@ def accum_steps_for(args, world_size):
     if steps < 1 or steps != int(steps) or args.accum_steps not in (None, steps):
         raise ConfigError(f"--global-batch-size {args.global_batch_size} / (--batch-size "
                           f"{args.batch_size} x {world_size} processes) = {steps:g} accumulation "
-                          f"steps: it must be a whole number, and --accum-steps, if given, equal")
+                          f"steps: must be a whole number >= 1, and --accum-steps, if given, equal")
     return int(steps)
 
 

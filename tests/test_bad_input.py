@@ -222,19 +222,20 @@ def test_resume_with_other_settings_is_one_clear_error(finished_run):
 
 
 @pytest.mark.parametrize("script", ["ddp_amp_accum.py", "ddp_full.py", "fsdp.py"])
-def test_a_global_batch_size_the_processes_cannot_make_is_one_clear_error(script, tmp_path, capsys):
-    result = call_main(script, [*TINY, "--batch-size", "8", "--global-batch-size", "100", "--out-dir", str(tmp_path)],
+@pytest.mark.parametrize("size, steps", [("100", "12.5"), ("0", "0")])
+def test_a_global_batch_size_the_processes_cannot_make_is_one_clear_error(script, size, steps, tmp_path, capsys):
+    result = call_main(script, [*TINY, "--batch-size", "8", "--global-batch-size", size, "--out-dir", str(tmp_path)],
                        capsys)
-    assert_one_clear_error(result, script, "--global-batch-size 100 / (--batch-size 8 x 1 processes) = 12.5 "
-                                           "accumulation steps: it must be a whole number")
+    assert_one_clear_error(result, script, f"--global-batch-size {size} / (--batch-size 8 x 1 processes) = {steps} "
+                                           "accumulation steps: must be a whole number >= 1")
 
 
 @pytest.mark.parametrize("script", ["ddp_amp_accum.py", "ddp_full.py", "fsdp.py"])
 def test_accum_steps_that_disagree_with_the_global_batch_size_are_one_clear_error(script, tmp_path, capsys):
     args = ["--batch-size", "8", "--global-batch-size", "32", "--accum-steps", "2", "--out-dir", str(tmp_path)]
     result = call_main(script, [*TINY, *args], capsys)
-    assert_one_clear_error(result, script, "= 4 accumulation steps: it must be a whole number, and --accum-steps, "
-                                           "if given, equal")
+    assert_one_clear_error(result, script, "= 4 accumulation steps: must be a whole number >= 1, and "
+                                           "--accum-steps, if given, equal")
 
 
 def test_sync_bn_without_cuda_is_one_clear_error(tmp_path, capsys):

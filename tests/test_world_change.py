@@ -11,7 +11,7 @@ import signal
 
 import pytest
 
-from conftest import TINY, check, command, launch
+from conftest import IMAGEFOLDER, TINY, check, command, launch, metrics
 from test_cluster import children, free_port, output, start, wait_for_checkpoint
 from test_bad_input import assert_one_clear_error
 from test_equivalence import WEIGHT_ATOL, assert_same_training
@@ -102,3 +102,18 @@ def test_global_batch_size_given_first_on_a_resume_keeps_the_global_batch_of_the
                      nproc=1)
     assert_one_clear_error(refused, "ddp_full.py", "is from a run with --accum-steps 2, this run has 8")
 
+
+
+@pytest.mark.slow
+def test_resnet18_with_augmenting_workers_resumes_on_another_number_of_processes(image_tree, tmp_path):
+    # BatchNorm (rank 0's statistics go on) and augmenting workers (each sample's draws keyed by
+    # (seed, epoch, index)) across a world change: 24 images, 8 a step, stopped after step 1 of 3 on
+    # 2 processes, finished on 1. The batch statistics of another split differ, so no weight
+    # comparison: the run goes on from the same step, and every validation image counts once.
+    args = [*IMAGEFOLDER, "--data-dir", str(image_tree), "--workers", "2", "--model", "resnet18",
+            "--batch-size", "4", "--global-batch-size", "8", "--out-dir", str(tmp_path)]
+    check(launch("ddp_full.py", [*TINY, *args, "--max-steps", "1"], nproc=2))
+    resumed = check(launch("ddp_full.py", [*TINY, *args], nproc=1))
+    assert "written by 2 processes, resumed by 1: global batch 8 -> 8;" in resumed.stdout
+    assert "epoch 1/2 step 3/3" in resumed.stdout and "epoch 2/2 step 3/3" in resumed.stdout
+    assert [record["val_samples"] for record in metrics(tmp_path)] == [9, 9]
