@@ -39,7 +39,6 @@ import importlib
 import json
 import math
 import os
-import pickle
 import random
 import re
 import shutil
@@ -51,7 +50,6 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-import torch.utils.checkpoint
 # Imported before any process group exists: some modules they import take the default group as a
 # default argument, read once at import (see setup_distributed).
 import torch.distributed.checkpoint as dcp
@@ -59,7 +57,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      get_state_dict, set_model_state_dict,
                                                      set_state_dict)
 from torch.distributed.device_mesh import init_device_mesh
-# fsdp.fully_shard, fsdp.MixedPrecisionPolicy: public since torch 2.6 (check_torch).
+# fsdp.fully_shard, fsdp.MixedPrecisionPolicy: public since torch 2.6.
 from torch.distributed import fsdp
 from torch.utils.data import DataLoader, DistributedSampler, Sampler, Subset, TensorDataset
 
@@ -159,7 +157,6 @@ def train(args):
 
 def main(argv=None):
     try:
-        check_torch()
         args = parse_args(argv)
         check_args(args)
         return train(args)
@@ -199,10 +196,8 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
         last_in_group = batch_index == group_start + group_size - 1
         with autocast(args, device, model):
             loss, count = batch_loss(model, batch)
-        # Every micro-batch's backward reduce-scatters its gradients into this process's shard,
-        # where they add up: between micro-batches a process holds 1/world size of them. (Skipped
-        # until the group's last, with set_requires_gradient_sync(False), FSDP's no_sync, every
-        # process would hold the whole model's gradients between micro-batches, as DDP does.)
+        # Every micro-batch's backward reduce-scatters into this process's shard, where they add
+        # up (FSDP's no_sync would keep the whole model's gradients on every process until then).
         # Dividing by the group's size makes the summed gradients the mean over the group.
         scaler.scale(loss / group_size).backward()
         # A sum weighted by batch size, so a short last batch counts for what it holds.
@@ -255,8 +250,7 @@ def evaluate(args, model, loader, device):
     model.eval()
     totals = torch.zeros(len(EVAL_METRICS) + 1, dtype=torch.float64, device=device)
     batches = iter(loader)
-    # Shards differ by one sample at most: every process goes round as often as the longest shard
-    # has batches, so that all can agree on a stop. None: past the shard's end.
+    # Every process goes round as often as the longest shard has batches (None: past its end).
     longest = math.ceil(len(loader.dataset) / dist.get_world_size())
     spare = None
     for _ in range(math.ceil(longest / args.batch_size)):
@@ -268,14 +262,12 @@ def evaluate(args, model, loader, device):
             totals[:-1] += sums
             totals[-1] += count
         else:
-            # Every forward gathers each unit's parameters from all processes: a process that
-            # skipped one would leave the others waiting in it until --timeout-min ends the run.
-            # Without a batch, it runs the forward on a spare one and discards the result.
+            # Every forward gathers from all processes: one skipped would leave the others
+            # waiting. Past its shard's end a process runs one on a spare batch, discarded.
             spare = spare if spare is not None else spare_batch(loader, device, args.channels_last)
             with autocast(args, device, model):
                 evaluate_batch(model, spare)
-    # The root's parameters stay gathered after its forward, for the backward that follows in
-    # training; none follows here: back to shards.
+    # The root's parameters stay gathered after its forward, for a backward: back to shards.
     model.reshard()
     dist.all_reduce(totals)
     return totals.cpu()  # waits for the GPU: validation's time is read after it
@@ -427,19 +419,16 @@ def build_model(args, num_outputs):
     return models.get_model(args.model, num_classes=num_outputs)
 
 
-# Rank 0 builds the model's values (build_model) and hands every process its shards. A model too
-# big for one host's memory defines instead init_weights(model): called on every process once the
-# model is sharded and its memory allocated, it sets every parameter and buffer in place (each
-# layer's reset_parameters(), say); none of the model is then whole anywhere.
+# A model too big for one host's memory defines init_weights(model), called on every process once
+# the model is sharded: it sets every parameter and buffer in place (reset_parameters(), say).
 init_weights = None
 
 
 def shard_units(model):
-    """The modules fsdp.py shards one by one (units), each gathered whole only while it computes;
-    what is in none is the root's, gathered from the forward to the backward. A torchvision model's
-    are the blocks it repeats (find_blocks); a model of your own returns its own (a transformer's
-    blocks), the CNN its convolutions. Modules that share a parameter (tied weights) go in one unit
-    together, a list, or in none."""
+    """The modules fsdp.py shards one by one (units), each gathered whole only while it computes:
+    a torchvision model's repeated blocks (find_blocks), the CNN's convolutions, a transformer's
+    blocks. Modules sharing a parameter (tied weights) go in one unit (a list) or in none (the
+    root's). Smaller units free memory sooner but send more, smaller messages."""
     if isinstance(model, SmallCNN):
         return [layer for layer in model.features if isinstance(layer, nn.Conv2d)]
     return find_blocks(model)
@@ -522,11 +511,9 @@ def rank0_first(rank, function, *args, turns=None):
 
 
 def release_device_meshes():
-    """Empty DTensor's caches of sharding plans, which keep every device mesh they have seen alive,
-    and with it its process group, whose gloo threads would then run on to an abort at the
-    interpreter's exit. torch's own tests empty them before destroying groups (pytorch#172504)."""
-    # Private names, which another torch may move: one it lacks is passed over (a mesh kept alive
-    # elsewhere would show in tests/test_teardown.py).
+    """Empty DTensor's caches, which keep every device mesh and its process group alive: gloo's
+    threads would run on to an abort at exit. torch's own tests do so (pytorch#172504)."""
+    # Private names another torch may move: one it lacks is passed over (tests/test_teardown.py).
     for module, name in (("torch.distributed.tensor.debug", "_clear_sharding_prop_cache"),
                          ("torch.distributed.tensor._redistribute",
                           "clear_redistribute_planner_cache"),
@@ -544,9 +531,8 @@ def release_device_meshes():
 
 
 def cleanup_distributed():
-    """Leave the process group. gloo can abort a finished run at exit ("terminate called without an
-    active exception") if the sharded model outlives the group: out of train()'s scope by now, it
-    is collected first, and DTensor's caches, which hold the device mesh, are emptied."""
+    """Leave the process group, the sharded model collected and DTensor's caches emptied first:
+    alive, they can abort gloo at exit."""
     release_device_meshes()
     gc.collect()
     if dist.is_initialized():
@@ -559,10 +545,8 @@ def precision_policies(args, model):
     """FSDP's mixed precision for --amp: the policies of the units and of the root."""
     dtype = AMP_DTYPES[args.amp]
     if dtype != torch.float32 and has_batchnorm(model):
-        # BatchNorm computes with float32 weights beside its float32 statistics, and FSDP gives a
-        # unit's parameters one dtype; a unit of its own inside every block would claim FSDP's
-        # forward root when activation checkpointing recomputes the block (torch 2.11 never frees
-        # it: a race on CUDA, docs/fsdp.md). So every unit keeps float32 and autocast casts.
+        # BatchNorm computes with float32 weights, and FSDP gives a unit's parameters one dtype:
+        # every unit keeps float32 and autocast casts (not a unit of its own: docs/fsdp.md).
         keep = fsdp.MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32)
         return keep, keep
     # Parameters gathered in --amp's precision, for compute; gradients reduced in float32 (averaged
@@ -578,29 +562,19 @@ def has_batchnorm(model):
 
 
 def shard_model(args, model, values, device, world_size, afresh):
-    """Shard the model (on the meta device) over all processes with fully_shard, unit by unit,
-    then the root; fill every process's shards with its slices of rank 0's values, or let the
-    section's init_weights fill each process's own.
-
-    The units are the modules shard_units names (section "your data and model"): a model's
-    blocks. Before a unit's forward, and again before its backward, its full parameters are
-    gathered from every process's shards, and freed after: a process holds the whole of the unit
-    that computes and of the next, which FSDP gathers ahead, of the rest its shards. What is in no
-    unit (a stem, a classifier) is the root's, gathered from its forward to its backward. Smaller
-    units free memory sooner but send more, smaller messages."""
+    """Shard the model (on the meta device) unit by unit, then the root, with fully_shard; fill
+    each process's shards with its slices of rank 0's values, or by init_weights."""
     mesh = device_mesh(args, device, world_size)
     policy, root_policy = precision_policies(args, model)
     units = check_units(model, shard_units(model))  # the section's units, checked first
     for unit in units:
         fsdp.fully_shard(unit if len(unit) > 1 else unit[0], mesh=mesh, mp_policy=policy)
     fsdp.fully_shard(model, mesh=mesh, mp_policy=root_policy)
-    # Memory for the shards on this process's device, then their values: rank 0 broadcasts each
-    # tensor of its full model in turn and every process keeps its own slice.
+    # Memory for this process's shards, then their values: its slices of rank 0's tensors.
     model.to_empty(device=device)
     if init_weights is not None:
-        # Every process fills its own shards. On GPUs DTensor draws a shard as its slice of one
-        # random tensor, from one seed; a CPU mesh has no such generator (torch warns), and each
-        # process draws from a seed of its own, or every shard would hold the same numbers.
+        # GPUs draw each shard as a slice of one random tensor; on CPU each process needs a seed
+        # of its own, or every shard would hold the same numbers.
         set_seed(args.seed if device.type == "cuda" else args.seed + dist.get_rank())
         with torch.no_grad():
             init_weights(model)
@@ -608,8 +582,7 @@ def shard_model(args, model, values, device, world_size, afresh):
         state = {name: values[name] for name in model.state_dict()} if values is not None else {}
         set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True,
                                                                     broadcast_from_rank0=True))
-        # Buffers are not sharded; a state dict leaves out those not saved (non-persistent: a
-        # transformer's causal mask, say), which the broadcast must give too (or init_weights).
+        # And the buffers a state dict leaves out (non-persistent: a transformer's causal mask).
         if values is not None:
             for name, buffer in model.named_buffers():
                 if name in values:
@@ -619,13 +592,9 @@ def shard_model(args, model, values, device, world_size, afresh):
 
 
 def find_blocks(model):
-    """The blocks a model repeats, the units shard_units names by default: searched from the root
-    down, the modules built of layers (holding a layer with parameters) whose class the model uses
-    more than once, not inside one another -- ResNet's residual blocks, a ViT's encoder layers,
-    ConvNeXt's and Swin's blocks, MobileNet's. Containers (nn.Sequential, nn.ModuleList,
-    nn.ModuleDict, and classes built on them: a stage, a convolution with its norm) are searched,
-    not taken: a block is what they hold. A model with no blocks (an MLP, VGG) gets its layers
-    (the outermost modules holding parameters of their own)."""
+    """The blocks a model repeats: from the root down, the modules holding layers whose class the
+    model uses more than once (ResNet's blocks, a ViT's encoder layers); containers (nn.Sequential,
+    a stage) are searched, not taken. Without blocks (an MLP, VGG): its outermost layers."""
     containers = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
     uses = collections.Counter(type(module) for module in model.modules())
 
@@ -656,10 +625,8 @@ def shares_parameters(model, modules):
 
 
 def check_units(model, units):
-    """shard_units's units as lists of modules. A unit is a module inside the model, or a list of
-    them gathered as one (modules with tied weights, or small blocks together); every module once,
-    none inside another, and no unit sharing a parameter with a module outside it (tied weights
-    are one tensor: they must be in one unit). Anything else is a ConfigError naming it."""
+    """shard_units's units as lists of modules, checked: modules inside the model, each once, none
+    in another, tied weights within one unit. Anything else is a ConfigError naming it."""
     if not isinstance(units, (list, tuple)):  # a forgotten return is None
         raise ConfigError(f"shard_units returned a {type(units).__name__}, not a list of modules")
     names = {module: name for name, module in model.named_modules() if name}
@@ -684,13 +651,9 @@ def check_units(model, units):
 
 
 def compile_model(model):
-    """--compile, in place before fully_shard (the state dict keys stay the model's own, no
-    "_orig_mod."), with static shapes (symbolic ones crash inductor: docs/fsdp.md); what it
-    compiled, for the log. Each unit on its own where the units are blocks of a model without
-    BatchNorm (a transformer's): FSDP's hooks run between the graphs, and none breaks. Otherwise
-    the whole model, as measured when BatchNorm had a unit of its own inside every block (a
-    torch.nn layer as a unit, the CNN's convolutions, is not compiled on its own); dynamo then gives
-    the root's forward up at FSDP's first hook and compiles the blocks' code as it runs."""
+    """--compile, in place before fully_shard, with static shapes; what it compiled, for the log.
+    Each unit on its own where they are blocks of a model without BatchNorm (a transformer's):
+    FSDP's hooks run between the graphs. Else the whole model (why: docs/fsdp.md)."""
     units = check_units(model, shard_units(model))
     modules = [module for unit in units for module in unit]
     if has_batchnorm(model) or any(type(m).__module__.startswith("torch.nn.") for m in modules):
@@ -710,6 +673,33 @@ def shard_sizes(model):
     """(this process's share, the whole) of the model's parameters, in elements."""
     local = sum(p.to_local().numel() for p in model.parameters())
     return local, sum(p.numel() for p in model.parameters())
+
+
+def own_initialisation(args, afresh):
+    """Whether each process initialises its own shards: where the section defines init_weights."""
+    return init_weights is not None
+
+
+def initial_values(args, model, num_outputs, afresh):
+    """Rank 0's values for the shards: build_model's state dict and buffers, the job's one copy in
+    host memory; None where each process initialises its own."""
+    if own_initialisation(args, afresh):
+        return None
+    full_model = build_model(args, num_outputs)
+    return {**full_model.state_dict(), **dict(full_model.named_buffers())}
+
+
+def build_on_meta(args, num_outputs):
+    """The model on the meta device: its shapes, without memory or values. A model whose
+    construction reads values (.item(), a condition on a tensor) cannot be built there: one line."""
+    try:
+        with torch.device("meta"):
+            return build_model(args, num_outputs)
+    except (RuntimeError, NotImplementedError) as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(f"the model cannot be built on the meta device, where every process "
+                          f"builds its shapes: {reason}; compute what its __init__ needs from its "
+                          f"arguments, not from tensor values") from None
 
 
 # --- data loading ---------------------------------------------------------------------------------
@@ -859,21 +849,14 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)  # what a write cut short left
     dist.barrier()  # dcp.save then makes it anew, on every process: each writes its own file there
-    # Buffers (BatchNorm's running statistics) are not sharded, and each process has updated its
-    # own: dcp.save keeps one copy, from whichever process its plan picks. Rank 0's, those of the
-    # model validated and saved, go to every process first, so the copy kept is rank 0's.
+    # Buffers are not sharded and each process has updated its own; dcp.save keeps one process's:
+    # rank 0's (those validated) go to every process first.
     broadcast_buffers(model)
     model_state, optimizer_state = get_state_dict(model, optimizer)
     try:
-        # Sharded state dicts: each process's DTensors hold its shards. dcp.save writes them, one
-        # file per process, and rank 0 the .metadata that says where each shard of each tensor
-        # lies, so that any number of processes can read them back (torch.save on one process
-        # would keep its shards alone). It returns on every process once all is written.
+        # Each process writes its shards (a file), rank 0 the .metadata of where each shard lies,
+        # so that any number of processes can read them back; it returns once all is written.
         dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp)
-        # Each process writes into --out-dir on its own node: the checkpoint is whole only where
-        # all nodes see one file system. Rank 0 must find every shard, or every process stops.
-        rank0_only(rank, check_shards, tmp, "; every node must write to the same --out-dir, on a "
-                   "file system all nodes see")
         # Rank 0 writes; the others wait for its verdict: a write that fails stops all here.
         rank0_only(rank, atomic_save, checkpoint, tmp / "train_state.pt")
     except ConfigError:
@@ -902,21 +885,6 @@ def list_checkpoints(ckpt_dir):
     return [p for _, p in sorted(found, reverse=True)]
 
 
-def check_shards(path, advice=""):
-    """A ConfigError unless every shard file the checkpoint's .metadata names is there, whole
-    (checked against the sizes it records, before anything is loaded)."""
-    try:
-        metadata = dcp.FileSystemReader(path).read_metadata()
-        for info in metadata.storage_data.values():
-            size = (Path(path) / info.relative_path).stat().st_size
-            if size < info.offset + info.length:
-                raise ConfigError(f"checkpoint {path} cannot be read: {info.relative_path} is cut "
-                                  f"short ({size} bytes){advice}")
-    except (OSError, ValueError, EOFError, pickle.UnpicklingError) as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"checkpoint {path} cannot be read: {reason}{advice}") from None
-
-
 def load_checkpoint(path, args):
     """Read and check a checkpoint; anything wrong with it is a ConfigError naming the file."""
     try:
@@ -930,7 +898,6 @@ def load_checkpoint(path, args):
         raise ConfigError(f"checkpoint {path} cannot be read: {reason}") from None
     if not isinstance(checkpoint, dict) or not {"rank_states", *SHARED_STATE} <= checkpoint.keys():
         raise ConfigError(f"checkpoint {path} was not written by this script (or this version)")
-    check_shards(path)
     settings, saved = vars(args), checkpoint["config"]
     may_change = RESUME_MAY_CHANGE + RESUME_MAY_CHANGE_TASK
     for name in sorted(settings.keys() & saved.keys()):
@@ -985,9 +952,8 @@ def find_checkpoint(args):
 def restore(checkpoint, path, model, optimizer, scheduler, scaler, rank):
     """Load a checkpoint into the sharded model and the rest; return the TrainState it holds."""
     try:
-        # Each process reads the shards it holds now, whichever processes wrote them: a
-        # checkpoint of 2 processes loads on 3, resharded. dcp.load fills the state dicts in place
-        # (get_state_dict gives the optimizer its state first, so that there is one to fill).
+        # Each process reads the shards it holds now, whoever wrote them (resharded); dcp.load
+        # fills in place the state dicts get_state_dict makes (the optimizer's state included).
         model_state, optimizer_state = get_state_dict(model, optimizer)
         sharded = {"model": model_state, "optimizer": optimizer_state}
         dcp.load(sharded, checkpoint_id=path)
@@ -1032,38 +998,6 @@ def start_or_resume(args, checkpoint, path, model, optimizer, scheduler, scaler,
             f"fresh random states (dropout), rank 0's BatchNorm statistics: per-process state "
             f"stays behind")
     return state
-
-
-# --- model ----------------------------------------------------------------------------------------
-# Skip on a first reading: the model tried on the data before the first step; starting weights.
-
-
-def own_initialisation(args, afresh):
-    """Whether each process initialises its own shards: where the section defines init_weights."""
-    return init_weights is not None
-
-
-def initial_values(args, model, num_outputs, afresh):
-    """Rank 0's values for the shards, {name: tensor} of the state dict and of the buffers it
-    leaves out; None where each process initialises its own (own_initialisation). build_model's,
-    the job's one copy in host memory."""
-    if own_initialisation(args, afresh):
-        return None
-    full_model = build_model(args, num_outputs)
-    return {**full_model.state_dict(), **dict(full_model.named_buffers())}
-
-
-def build_on_meta(args, num_outputs):
-    """The model on the meta device: its shapes, without memory or values. A model whose
-    construction reads values (.item(), a condition on a tensor) cannot be built there: one line."""
-    try:
-        with torch.device("meta"):
-            return build_model(args, num_outputs)
-    except (RuntimeError, NotImplementedError) as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"the model cannot be built on the meta device, where every process "
-                          f"builds its shapes: {reason}; compute what its __init__ needs from its "
-                          f"arguments, not from tensor values") from None
 
 
 # --- machinery ------------------------------------------------------------------------------------
@@ -1121,13 +1055,6 @@ class ConfigError(Exception):
         self.status, self.rank = status, rank
 
 
-def check_torch():
-    """fully_shard became public in torch.distributed.fsdp in torch 2.6: older, one line says so."""
-    if not hasattr(fsdp, "fully_shard"):
-        raise ConfigError(f"needs torch 2.6 or later (fully_shard in torch.distributed.fsdp); this "
-                          f"is torch {torch.__version__}: pip install -U torch torchvision")
-
-
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--epochs", type=int, default=5, help="passes over the training set")
@@ -1155,10 +1082,8 @@ def parse_args(argv=None):
     parser.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction, default=True,
                         help="CUDA: cuDNN times its algorithms per input shape, keeps the fastest")
     parser.add_argument("--compile", action="store_true",
-                        help="compile the model with torch.compile: faster steps on GPUs after "
-                             "a minute or more of compiling; measured slower on CPU. Each unit on "
-                             "its own for a model without BatchNorm whose units are its blocks (a "
-                             "transformer's); else the whole model (default: off)")
+                        help="torch.compile the model: faster GPU steps after minutes of "
+                             "compiling, slower on CPU (default: off)")
     add_task_arguments(parser)
     parser.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none",
                         help="gather the parameters in this precision for forward and backward "

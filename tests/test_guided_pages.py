@@ -46,7 +46,8 @@ def test_every_name_declared_ahead_is_used_ahead_and_the_page_says_where_from(in
         if name not in defined:
             continue  # an optional part's: not in the lesson
         assert (name, key) in used, f"{name!r} is declared ahead but no section uses it before {key!r}"
-        assert re.search(rf"<code>{name}</code> from <a href=\"#{key}\">", text), name
+        # Names introduced by one section are listed together before its link.
+        assert re.search(rf"<code>{name}</code>(, <code>\w+</code>)* from <a href=\"#{key}\">", text), name
 
 
 def test_a_forward_use_is_found_when_a_section_reads_what_a_later_one_defines(monkeypatch):
@@ -247,7 +248,7 @@ def test_the_2_to_3_page_says_why_ddp_beats_dataparallel_shows_it_and_gives_the_
 # The issue "Two layers" holds each lesson page to 30,000 characters. The 5 -> 6 page is not there yet
 # (fsdp.py's sharding and its units are long to teach): held to the size reached, a ratchet, until it is.
 PAGE_BUDGET = 30_000
-PAGE_REACHED = {"fsdp.py": 46_400}
+PAGE_REACHED = {"fsdp.py": 35_000}
 
 
 @pytest.mark.parametrize("index, old, new", GUIDED, ids=STEP_IDS)

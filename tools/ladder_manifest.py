@@ -366,68 +366,43 @@ MANIFEST = {
         "concepts": [
             TOP,
             ("shard", "Sharding the model: fully_shard",
-             "fully_shard (FSDP2: torch.distributed.fsdp, public since torch 2.6) turns each parameter "
-             "into a DTensor: a tensor of which each process holds one slice along dim 0, about "
-             "1/world size of it (split as torch.chunk splits: the last slices may be smaller, or "
-             "empty), and to_local() is this process's slice. init_device_mesh names the processes the slices "
-             "span. The model is cut into units: the modules the section \"your data and model\" "
-             "names (shard_units, next), then the root, the whole model, for what is in no unit. "
-             "Before a unit computes, an all-gather gives every process its full parameters, "
-             "freed after its forward and again after its backward (FSDP2 gathers the next unit "
-             "while one computes, and the root's stay gathered from its forward to its backward). "
-             "After a unit's backward a reduce-scatter leaves each process its slice of the "
-             "gradients averaged over all processes, as DDP's all-reduce averages them (an "
-             "all-reduce is a reduce-scatter followed by an all-gather). The optimizer is built on "
-             "the slices, after sharding; at the end DTensor's caches must let go of the mesh. Why "
-             "block by block, and the root last: a unit is what is gathered at once, so the root alone "
-             "as one unit would gather the whole model on every process, as DDP holds it, with no "
-             "gather overlapping compute. fully_shard takes the parameters of a module that no unit "
-             "inside it has taken: the blocks first, then the root for what is left (on the root "
-             "first it takes them all, and a block sharded after it fails)."),
+             "fully_shard (FSDP2, torch 2.6 or later) shards a module in place, no wrapper (no "
+             ".module): each parameter becomes a DTensor, of which each process holds a slice "
+             "along dim 0 (to_local()), about 1/world size; init_device_mesh names the processes. "
+             "Before a unit computes, an all-gather gives every process its full parameters, freed "
+             "after its forward and again after its backward, where a reduce-scatter leaves each "
+             "process its slice of the averaged gradients. Why block by block, the root last: a "
+             "unit is gathered whole, so the model as one unit is held whole, as DDP holds it, "
+             "with no gather overlapping compute; and the root, sharded last, takes what no block "
+             "took (the stem, the classifier). The optimizer is built after, on the slices."),
             ("units", "Units: named in the section \"your data and model\"",
-             "shard_units(model) returns the units: the modules, or lists of modules gathered as "
-             "one. The CNN names its convolutions; a torchvision model gets the blocks it repeats "
-             "(find_blocks, which a section of your own may call too): from the root down, a "
-             "module built of layers whose class the model uses more than once, containers searched "
-             "rather than taken, so a stem's or a downsampling layer's few parameters are the "
-             "root's. Tied weights (one tensor in two modules) are gathered as one: a unit holding "
-             "one of them holds all its modules, or the root holds them. What a section returns is "
-             "checked before anything is sharded, one line for each mistake. --compile compiles each "
-             "unit on its own where the units are blocks of a model without BatchNorm (a "
-             "transformer's), else the whole model (compile_model)."),
+             "shard_units(model), in the section you edit, returns the units: modules, or lists of "
+             "modules gathered as one. The CNN names its convolutions, a torchvision model the "
+             "blocks it repeats (find_blocks); a transformer of your own returns "
+             "list(model.blocks). Tied weights (one tensor in two modules) go in one unit, or both "
+             "stay the root's; check_units names each mistake in one line. --compile compiles each "
+             "unit where they are a transformer's blocks, else the whole model."),
             ("hostcopy", "One copy of the model in host memory",
-             "Every process builds the model on the meta device: shapes, no memory, no values. Rank 0 "
-             "alone holds its values, in its CPU memory: the model built from the seed ddp_full.py "
-             "uses, or, starting from an --init-from file, that file memory-mapped (its pages on the "
-             "disk, no random values first): a copy per process would not fit a node's memory with a "
-             "large model. shard_model gives each slice memory on its process's device (to_empty) and "
-             "fills it: set_model_state_dict(..., broadcast_from_rank0=True) broadcasts rank 0's "
-             "tensors one at a time, each process keeping its slice, and one broadcast per dtype "
-             "hands out the buffers, which FSDP does not shard (again before each validation and "
-             "checkpoint: each process updates its own). A model too big for one host's memory "
-             "defines init_weights in its section: each process then sets its own slices, and "
-             "nothing is whole anywhere."),
+             "Every process builds the model on the meta device: shapes, no memory, no values. "
+             "Rank 0 alone holds its values, in host memory: a copy per process would not fit a "
+             "node with a large model. to_empty gives each slice memory, and "
+             "set_model_state_dict(..., broadcast_from_rank0=True), called by every process (the "
+             "others pass {}), fills it from rank 0's tensors, one at a time; buffers, not "
+             "sharded, are broadcast whole. A model too big for one host defines init_weights: "
+             "each process fills its own slices."),
             ("precision", "Mixed precision: FSDP's policy",
-             "MixedPrecisionPolicy instead of autocast: the slices stay float32, the gathered "
-             "parameters are bf16 (or fp16) for compute, gradients are reduced in float32, and the "
-             "root gives its output back in float32 for the loss. Unlike autocast, which picks the "
-             "dtype per operation and keeps softmax, norms and losses in float32, the policy casts a "
-             "unit's parameters and inputs: every operation on them in the unit runs in bf16, "
-             "softmax and norms included, and its gradients are computed in bf16 too. BatchNorm "
-             "computes with float32 weights beside its float32 statistics, and FSDP gives a unit's "
-             "parameters one dtype: a model with BatchNorm keeps float32 parameters in every unit "
-             "(param_dtype=None) and runs under autocast, as ddp_full.py does. (A unit of "
-             "BatchNorm's own would sit inside every block, where activation checkpointing's "
-             "recompute runs its hooks in the backward: torch 2.11 then leaves FSDP's forward root "
-             "claimed, and the next forwards skip the wait for the optimizer, a race on CUDA.) fp16 "
-             "keeps the GradScaler: it works on sharded gradients, and an overflow on one process "
-             "skips the step on all."),
+             "MixedPrecisionPolicy instead of autocast: the slices stay float32, a unit's "
+             "parameters are gathered in bf16 (or fp16) for compute, gradients are reduced in "
+             "float32, the root's output is float32. Unlike autocast, every operation of the unit "
+             "runs in bf16, softmax and norms included. BatchNorm needs float32 weights, and a "
+             "unit's parameters have one dtype: a model with BatchNorm keeps float32 units under "
+             "autocast, as ddp_full.py (docs/fsdp.md says why). fp16 keeps the GradScaler."),
             ("accum", "Accumulation: a reduce-scatter per micro-batch",
-             "Each micro-batch's backward reduce-scatters its gradients (averaged over processes) into "
-             "this process's slice, where the micro-batches' add up: K reduce-scatters a step, but a process never holds the whole "
-             "model's gradients between micro-batches (skipping them with set_requires_gradient_sync(False), "
-             "FSDP2's counterpart of no_sync, held 44.7 MB (10^6 bytes) on a 10-class resnet18 "
-             "against 22.4, measured at 2 processes)."),
+             "no_sync goes: each micro-batch's backward reduce-scatters its gradients into this "
+             "process's slice, where they add up: K reduce-scatters a step, but no process holds "
+             "the whole model's gradients between micro-batches (skipping them with "
+             "set_requires_gradient_sync(False), FSDP2's no_sync, held 44.7 MB against 22.4 on a "
+             "10-class resnet18 at 2 processes)."),
             ("recompute", "Activation checkpointing: recompute instead of keep",
              "--activation-checkpointing: a block keeps only its inputs for backward and runs its "
              "forward again in its backward to remake the activations inside it "
@@ -448,31 +423,27 @@ MANIFEST = {
              "processes."),
             ("clip", "Clipping by the global norm",
              "clip_grad_norm_ over the sharded (DTensor) gradients computes the norm of all slices "
-             "together, the same on every process, and returns it as a DTensor: full_tensor() gives "
-             "its value for the progress line. It takes the fused (foreach) path for DTensor "
-             "gradients by itself: importing torch.distributed.tensor registers DTensor for it. Why "
-             "global: a process holds only its slices, and a norm of those alone would differ from "
-             "process to process, each slice of one gradient scaled by another factor, a step no "
-             "clipping of the whole gradient takes; the global norm clips as ddp_full.py does."),
+             "together, the same on every process, as a DTensor (full_tensor() gives its value). "
+             "Why global: a norm of each process's slices alone would scale each slice of one "
+             "gradient by another factor, a step no clipping of the whole gradient takes."),
             ("validation", "The same number of forwards on every process",
-             "evaluate already goes round as often as the longest shard has batches (for the "
-             "preemption check of step 5). Every forward now all-gathers from all processes, so a "
-             "process without a batch runs a forward on a spare one and discards it. After the last "
+             "In ddp_full.py each process evaluates its shard alone, through model.module, with no "
+             "collective. Every forward now all-gathers from all processes: every process runs as "
+             "many, a process past its shard's end on a spare batch, discarded. After the last "
              "forward the root's parameters go back to slices: no backward follows."),
             ("checkpoint", "Sharded checkpoints: torch.distributed.checkpoint",
-             "Every process writes its own slices (dcp.save, one file each) into a temporary "
-             "directory, rank 0 the metadata and train_state.pt; rank 0 checks that every shard is "
-             "there and renames the directory into place. Before a resume each shard file is checked "
-             "against the sizes in the metadata."),
+             "Every process writes its own slices (dcp.save, a file each) into a temporary "
+             "directory, rank 0 the metadata and train_state.pt, and rank 0 renames the directory "
+             "into place once all is written."),
             ("reshard", "Resharding a checkpoint on another number of processes",
-             "A checkpoint's shards load onto any number of processes: get_state_dict, dcp.load and "
-             "set_state_dict reshard the model and the optimizer's state as they load. The samples, "
-             "the schedule and the random states go on as in ddp_full.py."),
+             "get_state_dict, dcp.load and set_state_dict reshard the model and the optimizer's "
+             "state as they load: a checkpoint resumes on any number of processes, the rest as in "
+             "ddp_full.py."),
             ("modelpt", "model.pt: the whole model on rank 0",
-             "get_model_state_dict gathers every slice to rank 0's CPU (the whole model may not fit "
-             "its GPU): plain keys, loading into the model without FSDP. That is the whole model in "
-             "rank 0's host memory at the end (28 GB for 7 B parameters in float32): a model too big "
-             "for it keeps the sharded checkpoint, which any number of processes loads."),
+             "get_model_state_dict, called by every process (it gathers), puts every slice "
+             "together on rank 0's CPU (the whole model may not fit its GPU): plain keys, loading "
+             "into the model without FSDP. A model too big for rank 0's host memory keeps the "
+             "sharded checkpoint, which any number of processes loads."),
             FLAGS,
         ],
         "ahead": {"precision_policies": "precision", "has_batchnorm": "precision", "values": "hostcopy",
@@ -514,7 +485,7 @@ MANIFEST = {
             "cleanup_distributed": "shard",
             "train_one_epoch": [("removed:sync_context", "accum"), ("autocast(args, device, model)", "precision"),
                                 ("set_requires_all_reduce", "hsdp"), ("full_tensor", "clip"), ("global norm", "clip"),
-                                ("", "reshard")],
+                                ("", "accum")],
             "evaluate": [("spare", "validation"), ("", "validation")],
             "report_unreadable": "validation",
             "spare_batch": "validation",
@@ -536,11 +507,11 @@ MANIFEST = {
         "flags_added": {"--activation-checkpointing", "--replicas"},
         "flags_removed": {"--bucket-cap-mb": "FSDP gathers and reduce-scatters per unit: no DDP buckets",
                           "--gradient-as-bucket-view": "no DDP buckets to view"},
-        "mechanisms": {"shard_model", "precision_policies", "spare_batch", "check_shards", "shard_write_error",
+        "mechanisms": {"shard_model", "precision_policies", "spare_batch", "shard_write_error",
                        "recompute_in_backward", "buffers_kept", "device_mesh",
-                       "find_blocks", "check_units", "shard_units", "compile_model", "initial_values",
+                       "shard_units", "compile_model", "initial_values",
                        "own_initialisation"},
-        "diff_size": (588, 121),
+        "diff_size": (550, 119),
     },
 }
 
@@ -593,18 +564,16 @@ BRIEF = {
         ("shard", ["mesh = device_mesh(args, device, world_size)", ("shard_model", "units = check_units("), ("shard_model", "for unit in units:"),
                    "fsdp.fully_shard(unit if", "fsdp.fully_shard(model, mesh",
                    "units = shard_model(", "optimizer = build_optimizer(args, model)",
-                   "return init_device_mesh(device.type, (world_size,))", "    release_device_meshes()"]),
+                   "return init_device_mesh(device.type, (world_size,))"]),
         ("hostcopy", ["model = build_on_meta(", ("build_on_meta", '*with torch.device("meta")'),
-                      "values = rank0_only(rank, initial_values", "full_model = build_model(",
-                      "model.to_empty(device=device)", ("shard_model", "init_weights(model)"),
-                      "set_model_state_dict(model, state, options", ("shard_model", "broadcast_buffers(model)")]),
+                      "values = rank0_only(rank, initial_values", "model.to_empty(device=device)",
+                      "set_model_state_dict(model, state, options"]),
         ("precision", [" policy = fsdp.MixedPrecisionPolicy(", "root_policy = fsdp.MixedPrecisionPolicy(",
                        "keep = fsdp.MixedPrecisionPolicy("]),
         ("hsdp", ["return init_device_mesh(device.type, (args.replicas", "model.set_requires_all_reduce("]),
         ("clip", ["grad_norm = torch.nn.utils"]),
         ("validation", ["evaluate_batch(model, spare)", "model.reshard()"]),
-        ("checkpoint", [("save_checkpoint", "model_state, optimizer_state = get_state_dict"),
-                        ("save_checkpoint", "try:"), "dcp.save({"]),
+        ("checkpoint", [("save_checkpoint", "model_state, optimizer_state = get_state_dict"), "dcp.save({"]),
         ("reshard", [("restore", "model_state, optimizer_state = get_state_dict"), "sharded = {",
                      "dcp.load(sharded", "set_state_dict(model, optimizer"]),
         ("modelpt", ["full = get_model_state_dict(", "rank0_only(rank, atomic_save, full"]),

@@ -362,8 +362,10 @@ def guided_page(index, old, new, root):
         ahead = dict.fromkeys((name, later) for index, _, name, later in forward
                               if index == number and declared.get(name) == sections[later]["key"])
         if ahead:
-            notes = ", ".join(f"<code>{html.escape(name)}</code> from <a href=\"#{sections[later]['key']}\">"
-                              f"{html.escape(sections[later]['title'])}</a>" for name, later in ahead)
+            later_ones = list(dict.fromkeys(later for _, later in ahead))
+            notes = "; ".join(", ".join(f"<code>{html.escape(name)}</code>" for name, at in ahead if at == later) +
+                              f" from <a href=\"#{sections[later]['key']}\">{html.escape(sections[later]['title'])}</a>"
+                              for later in later_ones)
             out.append(f"<p class=\"uses\">Used here, introduced below: {notes}.</p>")
         if section["uses"]:
             links = ", ".join(f"<a href=\"../../lean/{new}\"><code>{html.escape(used)}</code></a> (line {line})"
@@ -591,8 +593,11 @@ def guided_markdown(index, old, new, root):
         ahead = dict.fromkeys((name, later) for index_, _, name, later in forward
                               if index_ == number and declared.get(name) == sections[later]["key"])
         if ahead:
-            notes = ", ".join(f"`{name}` from [{sections[later]['title']}](#{anchors[sections[later]['key']]})"
-                              for name, later in ahead)
+            # Grouped by the section that introduces them: each section's link once.
+            later_ones = list(dict.fromkeys(later for _, later in ahead))
+            notes = "; ".join(", ".join(f"`{name}`" for name, at in ahead if at == later) +
+                              f" from [{sections[later]['title']}](#{anchors[sections[later]['key']]})"
+                              for later in later_ones)
             out += [f"*Used here, introduced below:* {notes}.", ""]
         if section["uses"]:
             links = ", ".join(f"[`{used}`](../../lean/{new}#L{line})" for used, line in section["uses"])

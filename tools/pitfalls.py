@@ -924,7 +924,7 @@ PITFALLS = [
                    "whichever process its plan picks: a resumed resnet18 validated differently (loss 11.884 "
                    "against 11.957)",
         "correct": "broadcast rank 0's buffers (the statistics validated and saved) before the sharded save",
-        "fix": [("fsdp.py", "    # own: dcp.save keeps one copy, from whichever process its plan picks. Rank 0's, those of the")],
+        "fix": [("fsdp.py", "    # rank 0's (those validated) go to every process first.")],
         "guards": ["tests/test_fsdp.py::test_fsdp_resume_of_resnet18_is_bitwise_its_batchnorm_statistics_rank_0s"],
         "mutation": ("fsdp.py", "    broadcast_buffers(model)\n"
                                 "    model_state, optimizer_state = get_state_dict(model, optimizer)\n",
