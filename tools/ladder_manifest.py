@@ -435,7 +435,7 @@ MANIFEST = {
              "Every process writes its own slices (dcp.save, a file each) into a temporary "
              "directory, rank 0 the metadata and train_state.pt, and rank 0 renames the directory "
              "into place once all is written."),
-            ("reshard", "Resharding a checkpoint on another number of processes",
+            ("reshard", "Loading a sharded checkpoint, on any number of processes",
              "get_state_dict, dcp.load and set_state_dict reshard the model and the optimizer's "
              "state as they load: a checkpoint resumes on any number of processes, the rest as in "
              "ddp_full.py."),
@@ -494,7 +494,7 @@ MANIFEST = {
             "list_checkpoints": "checkpoint",
             "check_shards": "checkpoint",
             "load_checkpoint": "checkpoint",
-            "restore": "checkpoint",
+            "restore": "reshard",
             "compile_model": "units",
             "train": [("compile_model", "units"), ("get_model_state_dict", "modelpt"),
                       ("rank0_only(rank, atomic_save, full", "modelpt"),
