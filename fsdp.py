@@ -64,6 +64,7 @@ shows to train the same weights, resume bitwise and validate exactly. What each 
     help formatter    --help stating each flag's default
     torch check       one line, not an AttributeError, on a torch without fully_shard (before 2.6)
     shard check       one line, not dcp's traceback, for a checkpoint missing a shard or cut short
+    unit check        one line naming it, not a traceback, for units shard_units returns wrong
     value checks      one line before any work for --lr nan, --epochs 0, an unwritable --out-dir
     cifar10           --data cifar10 and --download
     constant lr       --lr-schedule constant: --lr throughout, no warm-up
@@ -858,7 +859,7 @@ def shard_model(args, model, values, device, world_size, afresh):
     each process's shards with its slices of rank 0's values, or by init_weights."""
     mesh = device_mesh(args, device, world_size)
     policy, root_policy = precision_policies(args, model)
-    units = check_units(model, shard_units(model))  # the section's units, checked first
+    units = units_of(model)  # the section's units, then the root
     for unit in units:
         # [optional: recompute]
         if args.activation_checkpointing:
@@ -920,9 +921,17 @@ def shares_parameters(model, modules):
                  if id(param) in own and not name.startswith(paths)), None)
 
 
+def units_of(model):
+    """The units the section names (shard_units), each a list of modules gathered as one."""
+    units = shard_units(model)
+    check_units(model, units)  # [optional: unit check]
+    return [list(unit) if isinstance(unit, (list, tuple)) else [unit] for unit in units]
+
+
+# [optional: unit check]
 def check_units(model, units):
-    """shard_units's units as lists of modules, checked: modules inside the model, each once, none
-    in another, tied weights within one unit. Anything else is a ConfigError naming it."""
+    """A ConfigError naming what shard_units returned wrong: a module outside the model, one
+    twice or inside another, tied weights split between units (torch: a ValueError, later)."""
     if not isinstance(units, (list, tuple)):  # a forgotten return is None
         raise ConfigError(f"shard_units returned a {type(units).__name__}, not a list of modules")
     names = {module: name for name, module in model.named_modules() if name}
@@ -943,14 +952,13 @@ def check_units(model, units):
             raise ConfigError(f"shard_units returned {', '.join(names[m] for m in unit)}, which "
                               f"shares a parameter with {tied} outside it (tied weights): return "
                               f"both in one unit (a list), or neither (the root then holds them)")
-    return units
 
 
 def compile_model(model):
     """--compile, in place before fully_shard, with static shapes; what it compiled, for the log.
     Each unit on its own where they are blocks of a model without BatchNorm (a transformer's):
     FSDP's hooks run between the graphs. Else the whole model (why: docs/fsdp.md)."""
-    units = check_units(model, shard_units(model))
+    units = units_of(model)
     modules = [module for unit in units for module in unit]
     if has_batchnorm(model) or any(type(m).__module__.startswith("torch.nn.") for m in modules):
         model.compile(dynamic=False)

@@ -566,7 +566,7 @@ def shard_model(args, model, values, device, world_size, afresh):
     each process's shards with its slices of rank 0's values, or by init_weights."""
     mesh = device_mesh(args, device, world_size)
     policy, root_policy = precision_policies(args, model)
-    units = check_units(model, shard_units(model))  # the section's units, checked first
+    units = units_of(model)  # the section's units, then the root
     for unit in units:
         fsdp.fully_shard(unit if len(unit) > 1 else unit[0], mesh=mesh, mp_policy=policy)
     fsdp.fully_shard(model, mesh=mesh, mp_policy=root_policy)
@@ -624,37 +624,17 @@ def shares_parameters(model, modules):
                  if id(param) in own and not name.startswith(paths)), None)
 
 
-def check_units(model, units):
-    """shard_units's units as lists of modules, checked: modules inside the model, each once, none
-    in another, tied weights within one unit. Anything else is a ConfigError naming it."""
-    if not isinstance(units, (list, tuple)):  # a forgotten return is None
-        raise ConfigError(f"shard_units returned a {type(units).__name__}, not a list of modules")
-    names = {module: name for name, module in model.named_modules() if name}
-    units = [list(unit) if isinstance(unit, (list, tuple)) else [unit] for unit in units]
-    modules = [module for unit in units for module in unit]
-    for module in modules:
-        if module not in names:
-            raise ConfigError(f"shard_units returned a {type(module).__name__} that is not a "
-                              f"module inside the model" + (" but the model itself, the root, "
-                              "which is always the last unit" if module is model else ""))
-        outer = next((other for other in modules if other is not module and
-                      any(inner is module for inner in other.modules())), None)
-        if outer is not None or modules.count(module) > 1:
-            raise ConfigError(f"shard_units returned {names[module]} " + (
-                f"inside {names[outer]}: units cannot nest" if outer is not None else "twice"))
-    for unit in units:
-        if tied := shares_parameters(model, unit):
-            raise ConfigError(f"shard_units returned {', '.join(names[m] for m in unit)}, which "
-                              f"shares a parameter with {tied} outside it (tied weights): return "
-                              f"both in one unit (a list), or neither (the root then holds them)")
-    return units
+def units_of(model):
+    """The units the section names (shard_units), each a list of modules gathered as one."""
+    units = shard_units(model)
+    return [list(unit) if isinstance(unit, (list, tuple)) else [unit] for unit in units]
 
 
 def compile_model(model):
     """--compile, in place before fully_shard, with static shapes; what it compiled, for the log.
     Each unit on its own where they are blocks of a model without BatchNorm (a transformer's):
     FSDP's hooks run between the graphs. Else the whole model (why: docs/fsdp.md)."""
-    units = check_units(model, shard_units(model))
+    units = units_of(model)
     modules = [module for unit in units for module in unit]
     if has_batchnorm(model) or any(type(m).__module__.startswith("torch.nn.") for m in modules):
         model.compile(dynamic=False)

@@ -26,7 +26,7 @@ fsdp = load_script("fsdp.py")
 def units_of(name, **kwargs):
     with torch.device("meta"):
         model = models.get_model(name, num_classes=10, **kwargs)
-    units = fsdp.check_units(model, fsdp.shard_units(model))
+    units = fsdp.units_of(model)
     assert all(len(unit) == 1 for unit in units)  # a module each, none a list
     return [module for module, in units]
 
@@ -99,10 +99,10 @@ def test_default_units_leave_tied_weights_to_the_root():
     assert fsdp.find_blocks(Tied(tie_in_block=True)) == []
 
 
-def test_tied_weights_modules_are_one_unit_as_a_list():
+def test_tied_weights_modules_are_one_unit_as_a_list(monkeypatch):
     model = Tied()
-    units = [[model.embedding, model.readout], model.blocks[0]]
-    assert fsdp.check_units(model, units) == [[model.embedding, model.readout], [model.blocks[0]]]
+    monkeypatch.setattr(fsdp, "shard_units", lambda model: [[model.embedding, model.readout], model.blocks[0]])
+    assert fsdp.units_of(model) == [[model.embedding, model.readout], [model.blocks[0]]]
 
 
 @pytest.mark.parametrize("units, message", [

@@ -380,7 +380,7 @@ MANIFEST = {
              "modules gathered as one. The CNN names its convolutions, a torchvision model the "
              "blocks it repeats (find_blocks); a transformer of your own returns "
              "list(model.blocks). Tied weights (one tensor in two modules) go in one unit, or both "
-             "stay the root's; check_units names each mistake in one line. --compile compiles each "
+             "stay the root's (a unit check names each mistake in one line). --compile compiles each "
              "unit where they are a transformer's blocks, else the whole model."),
             ("hostcopy", "One copy of the model in host memory",
              "Every process builds the model on the meta device: shapes, no memory, no values. "
@@ -448,7 +448,7 @@ MANIFEST = {
         ],
         "ahead": {"precision_policies": "precision", "has_batchnorm": "precision", "values": "hostcopy",
                   "recompute_in_backward": "recompute", "own_initialisation": "hostcopy", "init_weights": "hostcopy",
-                  "check_units": "units", "shard_units": "units"},
+                  "units_of": "units"},
         "regions": {
             "docstring": "top",
             "imports": [("collections", "units"), ("torch.utils.checkpoint", "recompute"),
@@ -470,6 +470,7 @@ MANIFEST = {
             "find_blocks": "units",
             "shares_parameters": "units",
             "check_units": "units",
+            "units_of": "units",
             "TASK_HOOKS": "units",
             "build_on_meta": "hostcopy",
             "init_weights": "hostcopy",
@@ -509,9 +510,9 @@ MANIFEST = {
                           "--gradient-as-bucket-view": "no DDP buckets to view"},
         "mechanisms": {"shard_model", "precision_policies", "spare_batch", "shard_write_error",
                        "recompute_in_backward", "buffers_kept", "device_mesh",
-                       "shard_units", "compile_model", "initial_values",
+                       "shard_units", "units_of", "compile_model", "initial_values",
                        "own_initialisation"},
-        "diff_size": (550, 119),
+        "diff_size": (558, 119),
     },
 }
 
@@ -561,7 +562,7 @@ BRIEF = {
                      "*if PREEMPTION.agreed:  # after the step"]),
     ],
     "fsdp.py": [
-        ("shard", ["mesh = device_mesh(args, device, world_size)", ("shard_model", "units = check_units("), ("shard_model", "for unit in units:"),
+        ("shard", ["mesh = device_mesh(args, device, world_size)", ("shard_model", "units = units_of(model)  #"), ("shard_model", "for unit in units:"),
                    "fsdp.fully_shard(unit if", "fsdp.fully_shard(model, mesh",
                    "units = shard_model(", "optimizer = build_optimizer(args, model)",
                    "return init_device_mesh(device.type, (world_size,))"]),

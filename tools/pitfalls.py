@@ -744,10 +744,10 @@ PITFALLS = [
         "correct": "no unit inside a block: a model with BatchNorm keeps float32 parameters in every unit and runs "
                    "under autocast; the forward root is free and the model's own at every forward (counted by "
                    "`tests/fsdp_probe.py`, on torch 2.11 and 2.14)",
-        "fix": [("fsdp.py", "    units = check_units(model, shard_units(model))  # the section's units")],
+        "fix": [("fsdp.py", "    units = units_of(model)  # the section's units, then the root")],
         "guards": ["tests/test_fsdp.py::test_activation_checkpointing_leaves_fsdps_forward_root_free_for_every_forward"],
-        "mutation": ("fsdp.py", "    units = check_units(model, shard_units(model))  # the section's units, checked first\n",
-                     "    units = check_units(model, shard_units(model))  # the section's units, checked first\n"
+        "mutation": ("fsdp.py", "    units = units_of(model)  # the section's units, then the root\n",
+                     "    units = units_of(model)  # the section's units, then the root\n"
                      "    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]\n"
                      "    if norms and args.amp != \"none\":\n"
                      "        fsdp.fully_shard(norms, mesh=mesh, mp_policy=policy)\n"),
