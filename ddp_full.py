@@ -1431,8 +1431,8 @@ def check_task():
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """--help states each default; a flag whose default is decided later states it in its help."""
 
-    def _get_help_string(self, action):
-        return action.help if action.default in (None, False) else super()._get_help_string(action)
+    def _get_help_string(self, a):  # 0 == False: a default of 0 is stated too
+        return a.help if a.default is None or a.default is False else super()._get_help_string(a)
 
 
 def parse_args(argv=None):
@@ -1483,7 +1483,7 @@ def parse_args(argv=None):
     parser.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
                         help="4-D inputs and weights in channels-last order (default: on GPUs)")
     parser.add_argument("--accum-steps", type=int, default=1,
-                        help="micro-batches whose gradients are summed before each optimizer step")
+                        help="micro-batches summed into each optimizer step (default: 1)")
     # [optional: global batch]
     parser.add_argument("--global-batch-size", type=int, default=None,
                         help="samples per optimizer step, all processes: sets --accum-steps")

@@ -385,8 +385,8 @@ class ConfigError(Exception):
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """--help states each default; a flag whose default is decided later states it in its help."""
 
-    def _get_help_string(self, action):
-        return action.help if action.default in (None, False) else super()._get_help_string(action)
+    def _get_help_string(self, a):  # 0 == False: a default of 0 is stated too
+        return a.help if a.default is None or a.default is False else super()._get_help_string(a)
 
 
 def parse_args(argv=None):

@@ -804,7 +804,7 @@ def parse_args(argv=None):
     parser.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
                         help="4-D inputs and weights in channels-last order (default: on GPUs)")
     parser.add_argument("--accum-steps", type=int, default=1,
-                        help="micro-batches whose gradients are summed before each optimizer step")
+                        help="micro-batches summed into each optimizer step (default: 1)")
     parser.add_argument("--clip-grad-norm", type=float, default=0.0,
                         help="clip the global gradient norm to this value; 0 turns clipping off")
     parser.add_argument("--resume", default="auto",

@@ -132,3 +132,14 @@ def test_the_copy_its_map_strips_keeps_to_its_line_budget(script):
 
     lines = len(strip_optional.strip((ROOT / script).read_text()).splitlines())
     assert lines <= LEAN_BUDGETS[script], f"{script} stripped: {lines} lines, its budget {LEAN_BUDGETS[script]}"
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help_states_every_default_zero_included(script, capsys):
+    # 0 == False in Python: a formatter that skips False defaults (store_true flags) skipped 0 too.
+    with pytest.raises(SystemExit):
+        load_script(script).parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "seeds the model, data and shuffle (default: 0)" in text
+    if script in ("ddp_amp_accum.py", *MAPPED):  # its default is decided in train(): stated in its help
+        assert "micro-batches summed into each optimizer step (default: 1)" in text
