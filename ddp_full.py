@@ -18,8 +18,8 @@ process that meets its cause). --amp runs the forward in bf16 or fp16 (fp16 with
 --accum-steps K sums the gradients of K micro-batches and all-reduces them once, not K times.
 
 Every process scores a shard of the validation set with rank 0's model, and one all-reduce of
-sums gives the whole set's exact metrics. Rank 0 writes checkpoints atomically; the same command
-resumes from the newest readable one (--resume auto) and ends bitwise identical to a run never
+sums gives the whole set's exact metrics. Rank 0 writes checkpoints; the same command resumes
+from the newest readable one (--resume auto) and ends bitwise identical to a run never
 stopped, where data-loader workers draw no random augmentation and GPU kernels are deterministic.
 On another number of processes a resume goes on from the same sample and point of the schedule.
 # [optional: seeded samples]
@@ -37,7 +37,7 @@ shows to train the same weights, resume bitwise and validate exactly. What each 
     legacy launcher   python -m torch.distributed.launch (--local-rank)
     model check       one line, not a traceback midway, for a model that cannot take the data
     section check     one line, not a NameError, where "your data and model" lacks a name used
-    full disk         a failed write: one line naming what is intact and exit 74, not a traceback
+    full disk         a failed write: one line, what is intact, exit 74 (goes with atomic writes)
     unreadable files  an image that cannot be read is skipped with a warning, not a fatal traceback
     seeded samples    random augmentation the same in any process or worker, after any resume
     mid-epoch         --ckpt-steps and --max-steps: checkpoints, stops and resumes within an epoch
@@ -50,6 +50,7 @@ shows to train the same weights, resume bitwise and validate exactly. What each 
     value checks      one line before any work for --lr nan, --epochs 0, an unwritable --out-dir
     cifar10           --data cifar10 and --download
     constant lr       --lr-schedule constant: --lr throughout, no warm-up
+    atomic writes     the old file kept whole, not half a new one, when a write is cut short
     global batch      --global-batch-size: the global batch kept on any number of processes
 """
 import argparse
@@ -224,7 +225,7 @@ def train(args):
             save_checkpoint(args, model, optimizer, scheduler, scaler, state)
 
     # Save the unwrapped model: its keys have no "module." prefix and load into the bare model.
-    rank0_only(rank, atomic_save, model.module.state_dict(), out_dir / "model.pt")
+    rank0_only(rank, save_file, model.module.state_dict(), out_dir / "model.pt")
     log(f"saved {out_dir / 'model.pt'}")
     return 0
 
@@ -778,14 +779,16 @@ def build_loaders(args, train_set, val_set, device, rank, world_size):
 
 
 def to_device(batch, device, channels_last):
-    """The batch (a tensor, or tuples, lists and dicts of them) on the device, 4-D tensors in the
+    """The batch (tensors, in tuples, lists and dicts) on the device, 4-D tensors in the
     model's memory order. non_blocking: a copy from pinned memory overlaps the GPU's work."""
     if isinstance(batch, torch.Tensor):
         fmt = torch.channels_last if channels_last and batch.dim() == 4 else torch.preserve_format
         return batch.to(device, non_blocking=True, memory_format=fmt)
     if isinstance(batch, dict):
         return {key: to_device(value, device, channels_last) for key, value in batch.items()}
-    return type(batch)(to_device(value, device, channels_last) for value in batch)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(value, device, channels_last) for value in batch)
+    return batch  # anything else (a file name, a number) stays as it is
 
 
 class ShardSampler(Sampler):
@@ -927,7 +930,7 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
     ckpt_dir = Path(args.out_dir) / "checkpoints"
     path = ckpt_dir / f"step_{state.global_step:09d}.pt"
     # The others wait for rank 0's verdict: a write that fails stops every process here.
-    rank0_only(rank, atomic_save, checkpoint, path)
+    rank0_only(rank, save_file, checkpoint, path)
     if rank == 0:
         # The lowest steps go, never the one just written (a run afresh among a longer one's).
         for old in [p for p in list_checkpoints(ckpt_dir) if p != path][args.keep_last - 1:]:
@@ -936,7 +939,7 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
 
 
 def list_checkpoints(ckpt_dir):
-    """Complete checkpoints, newest first. A write in progress has another name until its rename."""
+    """The checkpoints in ckpt_dir, newest first."""
     found = [(int(m.group(1)), p) for p in Path(ckpt_dir).glob("step_*.pt")
              if (m := CHECKPOINT_NAME.match(p.name))]
     return [p for _, p in sorted(found, reverse=True)]
@@ -1094,8 +1097,7 @@ def stop_run(args, model, optimizer, scheduler, scaler, state):
 
 
 # --- samples --------------------------------------------------------------------------------------
-# Skip on a first reading: augmentation the same in every run, whatever the workers; unreadable
-# files.
+# Skip on a first reading: augmentation the same whatever the workers; unreadable files.
 
 # [optional: seeded samples]
 class EpochKeys(Sampler):
@@ -1340,39 +1342,39 @@ def prepare_out_dir(args):
         raise ConfigError(f"cannot write to --out-dir {args.out_dir}: {err.strerror or err}")
 
 
-def atomic_save(obj, path):
-    """Write obj (bytes, or what torch.save takes) to a temporary file flushed to the disk, then
-    rename it: a reader sees the old file or the new, never half of one, even after a power cut."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            if isinstance(obj, bytes):
-                f.write(obj)
-            else:
-                torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    # [optional: full disk]
-    except (OSError, RuntimeError) as err:
-        # torch.save reports a write that its file refused as a RuntimeError ("unexpected pos"),
-        # raised while the OSError (errno 28: no space left) is handled.
-        cause = err if isinstance(err, OSError) else err.__context__
-        if not isinstance(cause, OSError):
-            raise
-        raise write_error(path, cause) from None
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+# [optional: atomic writes]
+def atomic(save):
+    """save(obj, path) under another name, synced to the disk, then renamed: never half a file."""
+    def atomic_save(obj, path):
+        tmp = Path(path).with_name(f".{Path(path).name}.tmp{os.getpid()}")
+        try:
+            save(obj, tmp)
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())  # the data on the disk before the rename names it
+            os.replace(tmp, path)
+        # [optional: full disk]
+        except (OSError, RuntimeError) as err:
+            # torch.save's RuntimeError ("unexpected pos") hides the file's OSError (errno 28).
+            cause = err if isinstance(err, OSError) else err.__context__
+            if not isinstance(cause, OSError):
+                raise
+            raise ConfigError(f"cannot write {path}: {cause.strerror or cause} "
+                              f"({free_space(path)}); the files already in --out-dir are whole",
+                              status=EXIT_WRITE_FAILED) from None
+        finally:
+            tmp.unlink(missing_ok=True)
+    return atomic_save
 
 
-# [optional: full disk]
-def write_error(path, err):
-    """A write that failed (a full disk, a permission) as one line: which, why, the space left."""
-    return ConfigError(f"cannot write {path}: {err.strerror or err} ({free_space(path)}); the "
-                       f"files already in --out-dir are whole", status=EXIT_WRITE_FAILED)
+@atomic  # [optional: atomic writes]
+def save_file(obj, path):
+    """Write obj (bytes, or what torch.save takes) to path."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        if isinstance(obj, bytes):
+            f.write(obj)
+        else:
+            torch.save(obj, f)
 
 
 # [optional: full disk]
@@ -1392,7 +1394,7 @@ def what_is_intact(args):
 
 
 def write_metrics(path, history):
-    atomic_save("".join(json.dumps(record) + "\n" for record in history).encode(), path)
+    save_file("".join(json.dumps(record) + "\n" for record in history).encode(), path)
 
 
 class ConfigError(Exception):
@@ -1615,11 +1617,9 @@ def peak_memory(device):
 
 
 def recipe(args):
-    schedule = "cosine"
-    # [optional: constant lr]
-    schedule = args.lr_schedule
-    return (f"optimizer {args.optimizer} | lr {args.lr:g}, schedule {schedule} | "
-            f"weight decay {args.weight_decay:g}")
+    return (f"optimizer {args.optimizer} | lr {args.lr:g}"
+            f", schedule {args.lr_schedule}"  # [optional: constant lr]
+            f" | weight decay {args.weight_decay:g}")
 
 
 def log_resume(args, checkpoint_path, state):

@@ -37,8 +37,8 @@ micro-batches, reduce-scattering each one's.
 one group per node for N nodes, and replicates it across the groups: the gathers stay in a node.
 
 Validation, checkpoints and resume are ddp_full.py's, sharded: every process writes its own shard
-of each checkpoint (torch.distributed.checkpoint), and a checkpoint appears, by a rename, only when
-all are written; a run resumes bitwise on as many processes, or on another number, resharded.
+of each checkpoint (torch.distributed.checkpoint); a run resumes bitwise on as many processes,
+or on another number, resharded.
 model.pt is the whole model, gathered to rank 0: it loads into the plain model.
 
 A copier's map: a part tagged "# [optional: NAME]" may be deleted whole: a tag alone on its
@@ -52,7 +52,7 @@ shows to train the same weights, resume bitwise and validate exactly. What each 
     legacy launcher   python -m torch.distributed.launch (--local-rank)
     model check       one line, not a traceback midway, for a model that cannot take the data
     section check     one line, not a NameError, where "your data and model" lacks a name used
-    full disk         a failed write: one line naming what is intact and exit 74, not a traceback
+    full disk         a failed write: one line, what is intact, exit 74 (goes with atomic writes)
     unreadable files  an image that cannot be read is skipped with a warning, not a fatal traceback
     seeded samples    random augmentation the same in any process or worker, after any resume
     mid-epoch         --ckpt-steps and --max-steps: checkpoints, stops and resumes within an epoch
@@ -68,6 +68,7 @@ shows to train the same weights, resume bitwise and validate exactly. What each 
     value checks      one line before any work for --lr nan, --epochs 0, an unwritable --out-dir
     cifar10           --data cifar10 and --download
     constant lr       --lr-schedule constant: --lr throughout, no warm-up
+    atomic writes     the old file kept whole, not half a new one, when a write is cut short
     global batch      --global-batch-size: the global batch kept on any number of processes
 """
 import argparse
@@ -254,7 +255,7 @@ def train(args):
     # model may not fit its GPU): its keys are the plain model's, and load into it.
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
                                                                 cpu_offload=True))
-    rank0_only(rank, atomic_save, full, out_dir / "model.pt")
+    rank0_only(rank, save_file, full, out_dir / "model.pt")
     log(f"saved {out_dir / 'model.pt'}")
     return 0
 
@@ -1117,14 +1118,16 @@ def build_loaders(args, train_set, val_set, device, rank, world_size):
 
 
 def to_device(batch, device, channels_last):
-    """The batch (a tensor, or tuples, lists and dicts of them) on the device, 4-D tensors in the
+    """The batch (tensors, in tuples, lists and dicts) on the device, 4-D tensors in the
     model's memory order. non_blocking: a copy from pinned memory overlaps the GPU's work."""
     if isinstance(batch, torch.Tensor):
         fmt = torch.channels_last if channels_last and batch.dim() == 4 else torch.preserve_format
         return batch.to(device, non_blocking=True, memory_format=fmt)
     if isinstance(batch, dict):
         return {key: to_device(value, device, channels_last) for key, value in batch.items()}
-    return type(batch)(to_device(value, device, channels_last) for value in batch)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(value, device, channels_last) for value in batch)
+    return batch  # anything else (a file name, a number) stays as it is
 
 
 class ShardSampler(Sampler):
@@ -1244,7 +1247,7 @@ def set_rng_state(state):
 
 def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
     """Write everything an exact resume needs; every process writes its own shards, in parallel,
-    and rank 0 the rest. The checkpoint appears under its name only when all of it is written."""
+    and rank 0 the rest."""
     start, rank = time.perf_counter(), dist.get_rank()
     # Each process draws its own random numbers: rank 0 gathers every process's own state, and a
     # resume on as many processes gives each back to the process of the same rank.
@@ -1263,10 +1266,11 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
     }
     ckpt_dir = Path(args.out_dir) / "checkpoints"
     path = ckpt_dir / f"step_{state.global_step:09d}"
+    # [optional: atomic writes]
     # Written under another name, renamed when complete: list_checkpoints never sees a torn one.
-    tmp = ckpt_dir / f".{path.name}.tmp"
+    path, final = ckpt_dir / f".{path.name}.tmp", path
     if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)  # what a write cut short left
+        shutil.rmtree(path, ignore_errors=True)  # what an earlier write at this step left
     dist.barrier()  # dcp.save then makes it anew, on every process: each writes its own file there
     # Buffers are not sharded and each process has updated its own; dcp.save keeps one process's:
     # rank 0's (those validated) go to every process first.
@@ -1275,32 +1279,35 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
     try:
         # Each process writes its shards (a file), rank 0 the .metadata of where each shard lies,
         # so that any number of processes can read them back; it returns once all is written.
-        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp)
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=path)
         # [optional: shard check]
         # Each process writes into --out-dir on its own node: the checkpoint is whole only where
         # all nodes see one file system. Rank 0 must find every shard, or every process stops.
-        rank0_only(rank, check_shards, tmp, "; every node must write to the same --out-dir, on a "
+        rank0_only(rank, check_shards, path, "; every node must write to the same --out-dir, on a "
                    "file system all nodes see")
         # Rank 0 writes; the others wait for its verdict: a write that fails stops all here.
-        rank0_only(rank, atomic_save, checkpoint, tmp / "train_state.pt")
-    # [optional: full disk]
+        rank0_only(rank, save_file, checkpoint, path / "train_state.pt")
+    # [optional: full disk, atomic writes]
     except dcp.api.CheckpointException as err:
         if rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)  # a partial checkpoint is no checkpoint
-        raise shard_write_error(err, rank, path, tmp) from None
+            shutil.rmtree(path, ignore_errors=True)  # a partial checkpoint is no checkpoint
+        raise shard_write_error(err, rank, final, path) from None
     except ConfigError:
         if rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)  # a partial checkpoint is no checkpoint
+            shutil.rmtree(path, ignore_errors=True)  # a partial checkpoint is no checkpoint
         raise
+    # [optional: atomic writes]
     if rank == 0:
         # A directory is renamed in one step, but not onto one that exists: one written at the same
         # step before (a stop right after a checkpoint) goes aside first.
-        old = ckpt_dir / f".{path.name}.old"
-        if path.exists():
+        old = ckpt_dir / f".{final.name}.old"
+        if final.exists():
             shutil.rmtree(old, ignore_errors=True)  # what a stop during a rename left
-            os.replace(path, old)
-        os.replace(tmp, path)
+            os.replace(final, old)
+        os.replace(path, final)
         shutil.rmtree(old, ignore_errors=True)
+    path = final  # [optional: atomic writes]
+    if rank == 0:
         # The lowest steps go, never the one just written (a run afresh among a longer one's).
         for old in [p for p in list_checkpoints(ckpt_dir) if p != path][args.keep_last - 1:]:
             shutil.rmtree(old)
@@ -1326,7 +1333,7 @@ def shard_write_error(err, rank, path, tmp):
 
 
 def list_checkpoints(ckpt_dir):
-    """Complete checkpoints, newest first. A write in progress has another name until its rename."""
+    """The checkpoints in ckpt_dir, newest first."""
     found = [(int(m.group(1)), p) for p in Path(ckpt_dir).glob("step_*")
              if (m := CHECKPOINT_NAME.match(p.name)) and p.is_dir()]
     return [p for _, p in sorted(found, reverse=True)]
@@ -1507,8 +1514,7 @@ def stop_run(args, model, optimizer, scheduler, scaler, state):
 
 
 # --- samples --------------------------------------------------------------------------------------
-# Skip on a first reading: augmentation the same in every run, whatever the workers; unreadable
-# files.
+# Skip on a first reading: augmentation the same whatever the workers; unreadable files.
 
 # [optional: seeded samples]
 class EpochKeys(Sampler):
@@ -1758,39 +1764,39 @@ def prepare_out_dir(args):
         raise ConfigError(f"cannot write to --out-dir {args.out_dir}: {err.strerror or err}")
 
 
-def atomic_save(obj, path):
-    """Write obj (bytes, or what torch.save takes) to a temporary file flushed to the disk, then
-    rename it: a reader sees the old file or the new, never half of one, even after a power cut."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            if isinstance(obj, bytes):
-                f.write(obj)
-            else:
-                torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    # [optional: full disk]
-    except (OSError, RuntimeError) as err:
-        # torch.save reports a write that its file refused as a RuntimeError ("unexpected pos"),
-        # raised while the OSError (errno 28: no space left) is handled.
-        cause = err if isinstance(err, OSError) else err.__context__
-        if not isinstance(cause, OSError):
-            raise
-        raise write_error(path, cause) from None
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+# [optional: atomic writes]
+def atomic(save):
+    """save(obj, path) under another name, synced to the disk, then renamed: never half a file."""
+    def atomic_save(obj, path):
+        tmp = Path(path).with_name(f".{Path(path).name}.tmp{os.getpid()}")
+        try:
+            save(obj, tmp)
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())  # the data on the disk before the rename names it
+            os.replace(tmp, path)
+        # [optional: full disk]
+        except (OSError, RuntimeError) as err:
+            # torch.save's RuntimeError ("unexpected pos") hides the file's OSError (errno 28).
+            cause = err if isinstance(err, OSError) else err.__context__
+            if not isinstance(cause, OSError):
+                raise
+            raise ConfigError(f"cannot write {path}: {cause.strerror or cause} "
+                              f"({free_space(path)}); the files already in --out-dir are whole",
+                              status=EXIT_WRITE_FAILED) from None
+        finally:
+            tmp.unlink(missing_ok=True)
+    return atomic_save
 
 
-# [optional: full disk]
-def write_error(path, err):
-    """A write that failed (a full disk, a permission) as one line: which, why, the space left."""
-    return ConfigError(f"cannot write {path}: {err.strerror or err} ({free_space(path)}); the "
-                       f"files already in --out-dir are whole", status=EXIT_WRITE_FAILED)
+@atomic  # [optional: atomic writes]
+def save_file(obj, path):
+    """Write obj (bytes, or what torch.save takes) to path."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        if isinstance(obj, bytes):
+            f.write(obj)
+        else:
+            torch.save(obj, f)
 
 
 # [optional: full disk]
@@ -1810,7 +1816,7 @@ def what_is_intact(args):
 
 
 def write_metrics(path, history):
-    atomic_save("".join(json.dumps(record) + "\n" for record in history).encode(), path)
+    save_file("".join(json.dumps(record) + "\n" for record in history).encode(), path)
 
 
 class ConfigError(Exception):
@@ -2053,11 +2059,9 @@ def peak_memory(device):
 
 
 def recipe(args):
-    schedule = "cosine"
-    # [optional: constant lr]
-    schedule = args.lr_schedule
-    return (f"optimizer {args.optimizer} | lr {args.lr:g}, schedule {schedule} | "
-            f"weight decay {args.weight_decay:g}")
+    return (f"optimizer {args.optimizer} | lr {args.lr:g}"
+            f", schedule {args.lr_schedule}"  # [optional: constant lr]
+            f" | weight decay {args.weight_decay:g}")
 
 
 def log_resume(args, checkpoint_path, state):

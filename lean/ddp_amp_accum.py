@@ -9,9 +9,8 @@ When several processes or nodes hang or fail: docs/troubleshooting.md.
 Each process holds a full copy of the model, reads its own shard of every epoch
 (DistributedSampler), and DDP averages the gradients across processes during backward, so every
 copy takes the same optimizer step. Only rank 0 logs and writes files.
---amp runs the forward in bf16 or fp16 (fp16 with a GradScaler), on GPUs in the channels-last
-layout tensor cores want; --accum-steps K sums the gradients of K micro-batches before each
-optimizer step and all-reduces them once, not K times. Its defaults train exactly as ddp_basic.py.
+--amp runs the forward in bf16 or fp16 (with a GradScaler), channels-last on GPUs; --accum-steps K
+sums K micro-batches' gradients, all-reduced once. Its defaults train exactly as ddp_basic.py.
 """
 import argparse
 import contextlib
@@ -95,7 +94,7 @@ def train(args):
         rank0_only(rank, write_metrics, out_dir / "metrics.jsonl", history)
 
     # Save the unwrapped model: its keys have no "module." prefix and load into the bare model.
-    rank0_only(rank, atomic_save, model.module.state_dict(), out_dir / "model.pt")
+    rank0_only(rank, save_file, model.module.state_dict(), out_dir / "model.pt")
     log(f"saved {out_dir / 'model.pt'}")
 
 
@@ -423,14 +422,16 @@ def build_loaders(args, train_set, val_set, device, rank, world_size):
 
 
 def to_device(batch, device, channels_last):
-    """The batch (a tensor, or tuples, lists and dicts of them) on the device, 4-D tensors in the
+    """The batch (tensors, in tuples, lists and dicts) on the device, 4-D tensors in the
     model's memory order. non_blocking: a copy from pinned memory overlaps the GPU's work."""
     if isinstance(batch, torch.Tensor):
         fmt = torch.channels_last if channels_last and batch.dim() == 4 else torch.preserve_format
         return batch.to(device, non_blocking=True, memory_format=fmt)
     if isinstance(batch, dict):
         return {key: to_device(value, device, channels_last) for key, value in batch.items()}
-    return type(batch)(to_device(value, device, channels_last) for value in batch)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(value, device, channels_last) for value in batch)
+    return batch  # anything else (a file name, a number) stays as it is
 
 
 # --- optimizer and schedule -----------------------------------------------------------------------
@@ -484,19 +485,16 @@ def prepare_out_dir(args):
         raise ConfigError(f"cannot write to --out-dir {args.out_dir}: {err.strerror or err}")
 
 
-def atomic_save(obj, path):
-    """Write obj (bytes, or what torch.save takes) to a temporary file, then rename it: a reader
-    sees the old file or the new, never half of one."""
-    tmp = Path(path).with_name(f".{Path(path).name}.tmp")
+def save_file(obj, path):
+    """Write obj (bytes, or what torch.save takes) to path."""
     if isinstance(obj, bytes):
-        tmp.write_bytes(obj)
+        Path(path).write_bytes(obj)
     else:
-        torch.save(obj, tmp)
-    os.replace(tmp, path)
+        torch.save(obj, path)
 
 
 def write_metrics(path, history):
-    atomic_save("".join(json.dumps(record) + "\n" for record in history).encode(), path)
+    save_file("".join(json.dumps(record) + "\n" for record in history).encode(), path)
 
 
 class ConfigError(Exception):
@@ -586,9 +584,8 @@ def peak_memory(device):
 
 
 def recipe(args):
-    schedule = "cosine"
-    return (f"optimizer {args.optimizer} | lr {args.lr:g}, schedule {schedule} | "
-            f"weight decay {args.weight_decay:g}")
+    return (f"optimizer {args.optimizer} | lr {args.lr:g}"
+            f" | weight decay {args.weight_decay:g}")
 
 
 def log_epoch(record, epochs):

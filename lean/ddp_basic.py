@@ -84,7 +84,7 @@ def train(args):
         rank0_only(rank, write_metrics, out_dir / "metrics.jsonl", history)
 
     # Save the unwrapped model: its keys have no "module." prefix and load into the bare model.
-    rank0_only(rank, atomic_save, model.module.state_dict(), out_dir / "model.pt")
+    rank0_only(rank, save_file, model.module.state_dict(), out_dir / "model.pt")
     log(f"saved {out_dir / 'model.pt'}")
 
 
@@ -382,13 +382,15 @@ def build_loaders(args, train_set, val_set, device, rank, world_size):
 
 
 def to_device(batch, device):
-    """The batch (a tensor, or tuples, lists and dicts of them) on the device. non_blocking: a copy
+    """The batch (tensors, in tuples, lists and dicts) on the device. non_blocking: a copy
     from pinned memory overlaps the GPU's work."""
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=True)
     if isinstance(batch, dict):
         return {key: to_device(value, device) for key, value in batch.items()}
-    return type(batch)(to_device(value, device) for value in batch)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(value, device) for value in batch)
+    return batch  # anything else (a file name, a number) stays as it is
 
 
 # --- optimizer and schedule -----------------------------------------------------------------------
@@ -439,19 +441,16 @@ def prepare_out_dir(args):
         raise ConfigError(f"cannot write to --out-dir {args.out_dir}: {err.strerror or err}")
 
 
-def atomic_save(obj, path):
-    """Write obj (bytes, or what torch.save takes) to a temporary file, then rename it: a reader
-    sees the old file or the new, never half of one."""
-    tmp = Path(path).with_name(f".{Path(path).name}.tmp")
+def save_file(obj, path):
+    """Write obj (bytes, or what torch.save takes) to path."""
     if isinstance(obj, bytes):
-        tmp.write_bytes(obj)
+        Path(path).write_bytes(obj)
     else:
-        torch.save(obj, tmp)
-    os.replace(tmp, path)
+        torch.save(obj, path)
 
 
 def write_metrics(path, history):
-    atomic_save("".join(json.dumps(record) + "\n" for record in history).encode(), path)
+    save_file("".join(json.dumps(record) + "\n" for record in history).encode(), path)
 
 
 class ConfigError(Exception):
@@ -533,9 +532,8 @@ def peak_memory(device):
 
 
 def recipe(args):
-    schedule = "cosine"
-    return (f"optimizer {args.optimizer} | lr {args.lr:g}, schedule {schedule} | "
-            f"weight decay {args.weight_decay:g}")
+    return (f"optimizer {args.optimizer} | lr {args.lr:g}"
+            f" | weight decay {args.weight_decay:g}")
 
 
 def log_epoch(record, epochs):

@@ -16,8 +16,8 @@ process that meets its cause). --amp runs the forward in bf16 or fp16 (fp16 with
 --accum-steps K sums the gradients of K micro-batches and all-reduces them once, not K times.
 
 Every process scores a shard of the validation set with rank 0's model, and one all-reduce of
-sums gives the whole set's exact metrics. Rank 0 writes checkpoints atomically; the same command
-resumes from the newest readable one (--resume auto) and ends bitwise identical to a run never
+sums gives the whole set's exact metrics. Rank 0 writes checkpoints; the same command resumes
+from the newest readable one (--resume auto) and ends bitwise identical to a run never
 stopped, where data-loader workers draw no random augmentation and GPU kernels are deterministic.
 On another number of processes a resume goes on from the same sample and point of the schedule.
 """
@@ -123,7 +123,7 @@ def train(args):
             save_checkpoint(args, model, optimizer, scheduler, scaler, state)
 
     # Save the unwrapped model: its keys have no "module." prefix and load into the bare model.
-    rank0_only(rank, atomic_save, model.module.state_dict(), out_dir / "model.pt")
+    rank0_only(rank, save_file, model.module.state_dict(), out_dir / "model.pt")
     log(f"saved {out_dir / 'model.pt'}")
     return 0
 
@@ -479,14 +479,16 @@ def build_loaders(args, train_set, val_set, device, rank, world_size):
 
 
 def to_device(batch, device, channels_last):
-    """The batch (a tensor, or tuples, lists and dicts of them) on the device, 4-D tensors in the
+    """The batch (tensors, in tuples, lists and dicts) on the device, 4-D tensors in the
     model's memory order. non_blocking: a copy from pinned memory overlaps the GPU's work."""
     if isinstance(batch, torch.Tensor):
         fmt = torch.channels_last if channels_last and batch.dim() == 4 else torch.preserve_format
         return batch.to(device, non_blocking=True, memory_format=fmt)
     if isinstance(batch, dict):
         return {key: to_device(value, device, channels_last) for key, value in batch.items()}
-    return type(batch)(to_device(value, device, channels_last) for value in batch)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(value, device, channels_last) for value in batch)
+    return batch  # anything else (a file name, a number) stays as it is
 
 
 class ShardSampler(Sampler):
@@ -590,7 +592,7 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
     ckpt_dir = Path(args.out_dir) / "checkpoints"
     path = ckpt_dir / f"step_{state.global_step:09d}.pt"
     # The others wait for rank 0's verdict: a write that fails stops every process here.
-    rank0_only(rank, atomic_save, checkpoint, path)
+    rank0_only(rank, save_file, checkpoint, path)
     if rank == 0:
         # The lowest steps go, never the one just written (a run afresh among a longer one's).
         for old in [p for p in list_checkpoints(ckpt_dir) if p != path][args.keep_last - 1:]:
@@ -599,7 +601,7 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
 
 
 def list_checkpoints(ckpt_dir):
-    """Complete checkpoints, newest first. A write in progress has another name until its rename."""
+    """The checkpoints in ckpt_dir, newest first."""
     found = [(int(m.group(1)), p) for p in Path(ckpt_dir).glob("step_*.pt")
              if (m := CHECKPOINT_NAME.match(p.name))]
     return [p for _, p in sorted(found, reverse=True)]
@@ -736,28 +738,18 @@ def prepare_out_dir(args):
         raise ConfigError(f"cannot write to --out-dir {args.out_dir}: {err.strerror or err}")
 
 
-def atomic_save(obj, path):
-    """Write obj (bytes, or what torch.save takes) to a temporary file flushed to the disk, then
-    rename it: a reader sees the old file or the new, never half of one, even after a power cut."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            if isinstance(obj, bytes):
-                f.write(obj)
-            else:
-                torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+def save_file(obj, path):
+    """Write obj (bytes, or what torch.save takes) to path."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        if isinstance(obj, bytes):
+            f.write(obj)
+        else:
+            torch.save(obj, f)
 
 
 def write_metrics(path, history):
-    atomic_save("".join(json.dumps(record) + "\n" for record in history).encode(), path)
+    save_file("".join(json.dumps(record) + "\n" for record in history).encode(), path)
 
 
 class ConfigError(Exception):
@@ -863,9 +855,8 @@ def peak_memory(device):
 
 
 def recipe(args):
-    schedule = "cosine"
-    return (f"optimizer {args.optimizer} | lr {args.lr:g}, schedule {schedule} | "
-            f"weight decay {args.weight_decay:g}")
+    return (f"optimizer {args.optimizer} | lr {args.lr:g}"
+            f" | weight decay {args.weight_decay:g}")
 
 
 def log_resume(args, checkpoint_path, state):

@@ -26,8 +26,8 @@ runs under autocast, as ddp_full.py does; --accum-steps K sums the gradients of 
 micro-batches, reduce-scattering each one's.
 
 Validation, checkpoints and resume are ddp_full.py's, sharded: every process writes its own shard
-of each checkpoint (torch.distributed.checkpoint), and a checkpoint appears, by a rename, only when
-all are written; a run resumes bitwise on as many processes, or on another number, resharded.
+of each checkpoint (torch.distributed.checkpoint); a run resumes bitwise on as many processes,
+or on another number, resharded.
 model.pt is the whole model, gathered to rank 0: it loads into the plain model.
 """
 import argparse
@@ -150,7 +150,7 @@ def train(args):
     # model may not fit its GPU): its keys are the plain model's, and load into it.
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
                                                                 cpu_offload=True))
-    rank0_only(rank, atomic_save, full, out_dir / "model.pt")
+    rank0_only(rank, save_file, full, out_dir / "model.pt")
     log(f"saved {out_dir / 'model.pt'}")
     return 0
 
@@ -716,14 +716,16 @@ def build_loaders(args, train_set, val_set, device, rank, world_size):
 
 
 def to_device(batch, device, channels_last):
-    """The batch (a tensor, or tuples, lists and dicts of them) on the device, 4-D tensors in the
+    """The batch (tensors, in tuples, lists and dicts) on the device, 4-D tensors in the
     model's memory order. non_blocking: a copy from pinned memory overlaps the GPU's work."""
     if isinstance(batch, torch.Tensor):
         fmt = torch.channels_last if channels_last and batch.dim() == 4 else torch.preserve_format
         return batch.to(device, non_blocking=True, memory_format=fmt)
     if isinstance(batch, dict):
         return {key: to_device(value, device, channels_last) for key, value in batch.items()}
-    return type(batch)(to_device(value, device, channels_last) for value in batch)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(value, device, channels_last) for value in batch)
+    return batch  # anything else (a file name, a number) stays as it is
 
 
 class ShardSampler(Sampler):
@@ -806,7 +808,7 @@ def set_rng_state(state):
 
 def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
     """Write everything an exact resume needs; every process writes its own shards, in parallel,
-    and rank 0 the rest. The checkpoint appears under its name only when all of it is written."""
+    and rank 0 the rest."""
     start, rank = time.perf_counter(), dist.get_rank()
     # Each process draws its own random numbers: rank 0 gathers every process's own state, and a
     # resume on as many processes gives each back to the process of the same rank.
@@ -824,10 +826,8 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
     }
     ckpt_dir = Path(args.out_dir) / "checkpoints"
     path = ckpt_dir / f"step_{state.global_step:09d}"
-    # Written under another name, renamed when complete: list_checkpoints never sees a torn one.
-    tmp = ckpt_dir / f".{path.name}.tmp"
     if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)  # what a write cut short left
+        shutil.rmtree(path, ignore_errors=True)  # what an earlier write at this step left
     dist.barrier()  # dcp.save then makes it anew, on every process: each writes its own file there
     # Buffers are not sharded and each process has updated its own; dcp.save keeps one process's:
     # rank 0's (those validated) go to every process first.
@@ -836,22 +836,14 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
     try:
         # Each process writes its shards (a file), rank 0 the .metadata of where each shard lies,
         # so that any number of processes can read them back; it returns once all is written.
-        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp)
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=path)
         # Rank 0 writes; the others wait for its verdict: a write that fails stops all here.
-        rank0_only(rank, atomic_save, checkpoint, tmp / "train_state.pt")
+        rank0_only(rank, save_file, checkpoint, path / "train_state.pt")
     except ConfigError:
         if rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)  # a partial checkpoint is no checkpoint
+            shutil.rmtree(path, ignore_errors=True)  # a partial checkpoint is no checkpoint
         raise
     if rank == 0:
-        # A directory is renamed in one step, but not onto one that exists: one written at the same
-        # step before (a stop right after a checkpoint) goes aside first.
-        old = ckpt_dir / f".{path.name}.old"
-        if path.exists():
-            shutil.rmtree(old, ignore_errors=True)  # what a stop during a rename left
-            os.replace(path, old)
-        os.replace(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
         # The lowest steps go, never the one just written (a run afresh among a longer one's).
         for old in [p for p in list_checkpoints(ckpt_dir) if p != path][args.keep_last - 1:]:
             shutil.rmtree(old)
@@ -859,7 +851,7 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
 
 
 def list_checkpoints(ckpt_dir):
-    """Complete checkpoints, newest first. A write in progress has another name until its rename."""
+    """The checkpoints in ckpt_dir, newest first."""
     found = [(int(m.group(1)), p) for p in Path(ckpt_dir).glob("step_*")
              if (m := CHECKPOINT_NAME.match(p.name)) and p.is_dir()]
     return [p for _, p in sorted(found, reverse=True)]
@@ -1002,28 +994,18 @@ def prepare_out_dir(args):
         raise ConfigError(f"cannot write to --out-dir {args.out_dir}: {err.strerror or err}")
 
 
-def atomic_save(obj, path):
-    """Write obj (bytes, or what torch.save takes) to a temporary file flushed to the disk, then
-    rename it: a reader sees the old file or the new, never half of one, even after a power cut."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            if isinstance(obj, bytes):
-                f.write(obj)
-            else:
-                torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+def save_file(obj, path):
+    """Write obj (bytes, or what torch.save takes) to path."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        if isinstance(obj, bytes):
+            f.write(obj)
+        else:
+            torch.save(obj, f)
 
 
 def write_metrics(path, history):
-    atomic_save("".join(json.dumps(record) + "\n" for record in history).encode(), path)
+    save_file("".join(json.dumps(record) + "\n" for record in history).encode(), path)
 
 
 class ConfigError(Exception):
@@ -1131,9 +1113,8 @@ def peak_memory(device):
 
 
 def recipe(args):
-    schedule = "cosine"
-    return (f"optimizer {args.optimizer} | lr {args.lr:g}, schedule {schedule} | "
-            f"weight decay {args.weight_decay:g}")
+    return (f"optimizer {args.optimizer} | lr {args.lr:g}"
+            f" | weight decay {args.weight_decay:g}")
 
 
 def log_resume(args, checkpoint_path, state):

@@ -1,7 +1,9 @@
 """Properties read from the scripts' source, or checked on one function in-process."""
+import inspect
 import pickle
 
 import pytest
+import torch
 
 from conftest import ROOT
 from test_validation import load_script
@@ -26,15 +28,27 @@ class FailsHalfway:
 
 
 @pytest.mark.parametrize("script", MAPPED)
-def test_atomic_save_leaves_the_old_file_whole_when_a_write_fails(script, tmp_path):
+def test_save_file_leaves_the_old_file_whole_when_a_write_fails(script, tmp_path):
     module = load_script(script)
     target = tmp_path / "model.pt"
-    module.atomic_save({"weights": [1, 2, 3]}, target)
+    module.save_file({"weights": [1, 2, 3]}, target)
     good = target.read_bytes()
     with pytest.raises(pickle.PicklingError):
-        module.atomic_save({"weights": list(range(10000)), "bad": FailsHalfway()}, target)
+        module.save_file({"weights": list(range(10000)), "bad": FailsHalfway()}, target)
     assert target.read_bytes() == good
     assert [p.name for p in tmp_path.iterdir()] == ["model.pt"]  # no temporary file left behind
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_to_device_moves_the_tensors_of_a_batch_and_leaves_the_rest_as_it_is(script):
+    # A copier's batch may carry file names or numbers beside its tensors: iterated as sequences,
+    # a string recursed without end and a number raised a TypeError.
+    module = load_script(script)
+    extra = [False] * ("channels_last" in inspect.signature(module.to_device).parameters)
+    batch = {"images": torch.ones(2, 3, 4, 4), "names": ["a.png", "b.png"], "meta": (7, None, "x")}
+    moved = module.to_device(batch, torch.device("cpu"), *extra)
+    assert moved["names"] == ["a.png", "b.png"] and moved["meta"] == (7, None, "x")
+    assert torch.equal(moved["images"], batch["images"])
 
 
 def test_ci_runs_the_readme_test_commands_verbatim():
@@ -113,8 +127,8 @@ BUDGETS = {"single_gpu.py": 500, "dataparallel.py": 530, "ddp_basic.py": 660, "d
            "ddp_full.py": 1650, "fsdp.py": 2150}
 # The lean copies (every optional part stripped): the numbers reached, a ratchet below which they may
 # go; the issue's 360 / 380 / 460 / 510 / 800 / 1,050 are not met yet (tests/README.md says what is left).
-LEAN_BUDGETS = {"single_gpu.py": 432, "dataparallel.py": 458, "ddp_basic.py": 548, "ddp_amp_accum.py": 601,
-                "ddp_full.py": 888, "fsdp.py": 1156}
+LEAN_BUDGETS = {"single_gpu.py": 430, "dataparallel.py": 456, "ddp_basic.py": 546, "ddp_amp_accum.py": 598,
+                "ddp_full.py": 879, "fsdp.py": 1137}
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

@@ -70,8 +70,9 @@ MANIFEST = {
              "pools to 1x1 fails on a last batch of one sample: ddp_full.py checks for it first)."),
             ("ddp", "DDP averages the gradients",
              "Wrapped in DDP, every copy of the model starts from rank 0's weights and gets the "
-             "average gradient in backward, so all copies take the same step. The global batch is "
-             "the per-process batch times the world size."),
+             "average gradient in backward, so all copies take the same step: the loop itself "
+             "(forward, loss.backward(), optimizer.step()) is unchanged. The global batch is the "
+             "per-process batch times the world size."),
             ("rank0", "Rank 0 speaks, writes and validates",
              "Every process runs every line; only rank 0 prints, writes files and validates, "
              "through model.module. rank0_only calls a function on rank 0 alone; rank0_first calls "
@@ -192,7 +193,7 @@ MANIFEST = {
         "removed": {},
         "flags_added": {"--amp", "--accum-steps", "--clip-grad-norm", "--channels-last", "--global-batch-size"},
         "mechanisms": {"autocast"},
-        "diff_size": (111, 39),
+        "diff_size": (110, 39),
     },
     "ddp_full.py": {
         "concepts": [
@@ -204,9 +205,9 @@ MANIFEST = {
              "A TrainState follows every optimizer step: what processes share and what each "
              "holds alone (its random states, its sums so far)."),
             ("checkpoint", "Writing checkpoints",
-             "Rank 0 gathers every process's state and saves it with the rest through atomic_save "
-             "(a temporary file, flushed to the disk, then a rename): a crash mid-write leaves the "
-             "last one whole."),
+             "Rank 0 gathers every process's state and saves it with the rest (save_file, into "
+             "checkpoints/, which it makes); the others wait for its verdict: a write that fails "
+             "stops all."),
             ("resume", "Finding a checkpoint",
              "Every process loads the newest readable checkpoint, passing over torn or foreign "
              "files; a resumed run must keep the settings that decide what it computes."),
@@ -311,7 +312,8 @@ MANIFEST = {
             "rng_state": "state",
             "set_rng_state": "restore",
             "save_checkpoint": "checkpoint",
-            "atomic_save": [("full disk", "failures"), ("", "checkpoint")],
+            "atomic": "failures",
+            "save_file": "checkpoint",
             "list_checkpoints": "checkpoint",
             "load_checkpoint": "resume",
             "agreed_checkpoint": "agreement",
@@ -334,7 +336,6 @@ MANIFEST = {
             "check_model_fits": "checks",
             "read_state_dict": "initfrom",
             "init_weights_from": "initfrom",
-            "write_error": "failures",
             "free_space": "failures",
             "what_is_intact": "failures",
             "log_resume": "resume",
@@ -357,10 +358,10 @@ MANIFEST = {
         "mechanisms": {"ShardSampler", "TrainState", "rng_state", "save_checkpoint", "load_checkpoint",
                        "find_checkpoint", "agreed_checkpoint", "restore", "set_rng_state", "start_or_resume",
                        "ResumableSampler", "stop_run", "Preemption", "EpochKeys", "SeededSamples",
-                       "ReadableSamples", "readable_sets", "report_unreadable", "write_error", "check_task",
+                       "ReadableSamples", "readable_sets", "report_unreadable", "check_task",
                        "check_model_fits", "flight_recorder",
                        "init_weights_from"},
-        "diff_size": (993, 62),
+        "diff_size": (991, 60),
     },
     "fsdp.py": {
         "concepts": [
@@ -432,9 +433,9 @@ MANIFEST = {
              "many, a process past its shard's end on a spare batch, discarded. After the last "
              "forward the root's parameters go back to slices: no backward follows."),
             ("checkpoint", "Sharded checkpoints: torch.distributed.checkpoint",
-             "Every process writes its own slices (dcp.save, a file each) into a temporary "
-             "directory, rank 0 the metadata and train_state.pt, and rank 0 renames the directory "
-             "into place once all is written."),
+             "Every process writes its own slices (dcp.save, a file each) into the checkpoint's "
+             "directory, rank 0 the metadata and train_state.pt: any number of processes can read "
+             "them back."),
             ("reshard", "Loading a sharded checkpoint, on any number of processes",
              "get_state_dict, dcp.load and set_state_dict reshard the model and the optimizer's "
              "state as they load: a checkpoint resumes on any number of processes, the rest as in "
@@ -498,7 +499,7 @@ MANIFEST = {
             "restore": "reshard",
             "compile_model": "units",
             "train": [("compile_model", "units"), ("get_model_state_dict", "modelpt"),
-                      ("rank0_only(rank, atomic_save, full", "modelpt"),
+                      ("rank0_only(rank, save_file, full", "modelpt"),
                       ("evaluate", "validation"),
                       ("start_or_resume", "reshard"), ("units = shard_model", "shard"),
                       ("build_on_meta", "hostcopy"), ("initial_values", "hostcopy"), ("del values", "hostcopy"),
@@ -512,7 +513,7 @@ MANIFEST = {
                        "recompute_in_backward", "buffers_kept", "device_mesh",
                        "shard_units", "units_of", "compile_model", "initial_values",
                        "own_initialisation"},
-        "diff_size": (558, 119),
+        "diff_size": (562, 119),
     },
 }
 
@@ -551,8 +552,8 @@ BRIEF = {
     "ddp_full.py": [
         ("validation", ["val_sampler = ShardSampler(", "self.indices = range(rank", ("evaluate", "broadcast_buffers(model)"),
                         ("evaluate", "dist.all_reduce(totals)")]),
-        ("checkpoint", ["dist.gather_object(per_process", "*checkpoint = {", "rank0_only(rank, atomic_save, checkpoint",
-                        'with open(tmp, "wb") as f:', "f.flush()", "os.fsync(f.fileno())", "os.replace(tmp, path)"]),
+        ("checkpoint", ["dist.gather_object(per_process", "*checkpoint = {", "rank0_only(rank, save_file, checkpoint",
+                        'with open(path, "wb") as f:']),
         ("resume", ["candidates = list_checkpoints(", "checkpoint = torch.load(path, map_location"]),
         ("restore", [("restore", "try:"), 'model.load_state_dict(checkpoint["model"])', 'optimizer.load_state_dict(checkpoint',
                      'scheduler.load_state_dict(checkpoint', "set_rng_state(state.rng)",
@@ -577,7 +578,7 @@ BRIEF = {
         ("checkpoint", [("save_checkpoint", "model_state, optimizer_state = get_state_dict"), "dcp.save({"]),
         ("reshard", [("restore", "model_state, optimizer_state = get_state_dict"), "sharded = {",
                      "dcp.load(sharded", "set_state_dict(model, optimizer"]),
-        ("modelpt", ["full = get_model_state_dict(", "rank0_only(rank, atomic_save, full"]),
+        ("modelpt", ["full = get_model_state_dict(", "rank0_only(rank, save_file, full"]),
     ],
 }
 

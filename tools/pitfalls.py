@@ -103,7 +103,7 @@ lists them all, each with its mutation-checked guard.
     runs/ddp_full/checkpoints/step_000000012.pt: fix that, then run the same command
     again`), and exit status **74** (`EX_IOERR`), which a requeueing script can tell from bad
     input (2), a crash (1) and a preemption (75). Every file is written to a temporary name and
-    renamed (`atomic_save`, `metrics.jsonl` included, rewritten whole each epoch), so the old file
+    renamed (`save_file`, `metrics.jsonl` included, rewritten whole each epoch), so the old file
     stays whole and no temporary file is left; torch.save's own report of a full disk, a
     RuntimeError ("unexpected pos") raised while handling the OSError, is recognised. Rank 0 writes
     inside `rank0_only`, so the other processes wait for its verdict and all stop at the same
@@ -294,9 +294,9 @@ PITFALLS = [
         "symptom": "a kill or a failure mid-write leaves a truncated file where a good one stood",
         "correct": "write a temporary file in the same directory, then `os.replace`",
         "fix": [("ddp_full.py", "os.replace(tmp, path)")],
-        "guards": ["tests/test_static.py::test_atomic_save_leaves_the_old_file_whole_when_a_write_fails"],
-        "mutation": ("ddp_full.py", '    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")\n',
-                     "    tmp = path\n"),
+        "guards": ["tests/test_static.py::test_save_file_leaves_the_old_file_whole_when_a_write_fails"],
+        "mutation": ("ddp_full.py", '        tmp = Path(path).with_name(f".{Path(path).name}.tmp{os.getpid()}")\n',
+                     "        tmp = Path(path)\n"),
     },
     {
         "title": "Every rank writes checkpoints",
@@ -305,8 +305,8 @@ PITFALLS = [
         "correct": "only global rank 0 writes; the others hand it their per-process state",
         "fix": [("ddp_full.py", "dist.gather_object(per_process, gathered, dst=0)")],
         "guards": ["tests/test_cluster.py::test_two_nodes_of_two_processes_train_as_one_node_of_four_and_only_global_rank_0_writes"],
-        "mutation": ("ddp_full.py", "    rank0_only(rank, atomic_save, checkpoint, path)\n",
-                     "    atomic_save(checkpoint, path)\n"),
+        "mutation": ("ddp_full.py", "    rank0_only(rank, save_file, checkpoint, path)\n",
+                     "    save_file(checkpoint, path)\n"),
     },
     {
         "title": "Inexact resume: the GradScaler",
@@ -655,11 +655,11 @@ PITFALLS = [
                    "are never written, and no resume is possible",
         "correct": "`torch.distributed.checkpoint.save` on every process: each writes its own shards, rank 0 the "
                    "metadata that lets any number of processes read them back",
-        "fix": [("fsdp.py", 'dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp)')],
+        "fix": [("fsdp.py", 'dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=path)')],
         "guards": ["tests/test_fsdp.py::test_fsdp_resume_mid_epoch_and_at_an_epoch_boundary_is_bitwise"],
-        "mutation": ("fsdp.py", 'dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=tmp)',
+        "mutation": ("fsdp.py", 'dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=path)',
                      'rank == 0 and torch.save({"model": model_state, "optimizer": optimizer_state}, '
-                     'tmp / "state.pt")'),
+                     'path / "state.pt")'),
     },
     {
         "title": "FSDP: each shard clipped by its own norm",
@@ -948,12 +948,15 @@ PITFALLS = [
                    "left), or the RuntimeError (\"unexpected pos\") that torch.save raises while handling it",
         "symptom": "about 100 lines of traceback from every process and torchrun, and nothing that says which "
                    "checkpoint is still whole",
-        "correct": "`atomic_save` turns the OSError, or the one behind torch.save's RuntimeError, into one line "
+        "correct": "`save_file`'s `atomic` turns the OSError, or the one behind torch.save's RuntimeError, into one line "
                    "naming the file, the space left and the newest complete checkpoint; exit status 74 (EX_IOERR)",
-        "fix": [("ddp_full.py", "raise write_error(path, cause) from None")],
+        "fix": [("ddp_full.py", 'raise ConfigError(f"cannot write {path}: {cause.strerror or cause} "')],
         "guards": ["tests/test_failures.py::"
                    "test_a_full_disk_at_a_checkpoint_is_one_line_exit_74_and_the_run_resumes_from_the_last_one"],
-        "mutation": ("ddp_full.py", "        raise write_error(path, cause) from None\n", "        raise\n"),
+        "mutation": ("ddp_full.py", '            raise ConfigError(f"cannot write {path}: {cause.strerror or cause} "\n'
+                                    '                              f"({free_space(path)}); the files already in '
+                                    '--out-dir are whole",\n                              status=EXIT_WRITE_FAILED) '
+                                    'from None\n', "            raise\n"),
     },
     {
         "title": "Rank 0 writes alone while the others run on",
@@ -962,11 +965,11 @@ PITFALLS = [
                    "closed by peer\", a traceback each) or are killed by torchrun",
         "correct": "the others wait for rank 0's verdict (`rank0_only`): a write that fails stops every process "
                    "at the same point, with one line",
-        "fix": [("ddp_full.py", "rank0_only(rank, atomic_save, checkpoint, path)")],
+        "fix": [("ddp_full.py", "rank0_only(rank, save_file, checkpoint, path)")],
         "guards": ["tests/test_failures.py::"
                    "test_a_full_disk_at_a_checkpoint_is_one_line_exit_74_and_the_run_resumes_from_the_last_one"],
-        "mutation": ("ddp_full.py", "    rank0_only(rank, atomic_save, checkpoint, path)\n",
-                     "    if rank == 0:\n        atomic_save(checkpoint, path)\n"),
+        "mutation": ("ddp_full.py", "    rank0_only(rank, save_file, checkpoint, path)\n",
+                     "    if rank == 0:\n        save_file(checkpoint, path)\n"),
     },
     {
         "title": "An error only some processes meet, reported by rank 0",
@@ -1000,10 +1003,10 @@ PITFALLS = [
                    "most needs",
         "correct": "every process gets the failures from dcp.save; rank 0 removes the directory, and each process "
                    "that failed prints its line",
-        "fix": [("fsdp.py", "raise shard_write_error(err, rank, path, tmp) from None")],
+        "fix": [("fsdp.py", "raise shard_write_error(err, rank, final, path) from None")],
         "guards": ["tests/test_failures.py::"
                    "test_a_full_disk_at_a_sharded_checkpoint_leaves_no_partial_directory_and_resumes"],
-        "mutation": ("fsdp.py", "        if rank == 0:\n            shutil.rmtree(tmp, ignore_errors=True)  # a partial "
+        "mutation": ("fsdp.py", "        if rank == 0:\n            shutil.rmtree(path, ignore_errors=True)  # a partial "
                                 "checkpoint is no checkpoint\n        raise shard_write_error(",
                      "        raise shard_write_error("),
     },
@@ -1045,8 +1048,8 @@ PITFALLS = [
         "fix": [("ddp_full.py", "    constant lr       --lr-schedule constant: --lr throughout, no warm-up")],
         "guards": ["tests/test_copiers_map.py::test_each_part_deletes_alone_and_the_rest_reads_nothing_it_defined",
                    "tests/test_copiers_map.py::test_the_lean_copy_trains_resumes_and_validates_as_the_full_script"],
-        "mutation": ("ddp_full.py", '    schedule = "cosine"\n    # [optional: constant lr]\n    schedule = args.lr_schedule\n',
-                     '    schedule = args.lr_schedule\n'),
+        "mutation": ("ddp_full.py", '            f", schedule {args.lr_schedule}"  # [optional: constant lr]\n',
+                     '            f", schedule {args.lr_schedule}"\n'),
     },
     {
         "title": "BatchNorm given a training batch of one sample",
