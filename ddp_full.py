@@ -757,7 +757,7 @@ def build_loaders(args, train_set, val_set, device, rank, world_size):
         # Page-locked host memory lets the copy to the GPU run asynchronously (non_blocking=True).
         pin_memory=device.type == "cuda",
         collate_fn=collate_readable,  # [optional: unreadable files]
-        # The loader's own generator seeds its workers, leaving the global RNG to the model.
+        # The loaders' one generator seeds their workers, leaving the global RNG to the model.
         generator=torch.Generator().manual_seed(args.seed + rank),
     )
     # Every process draws the same permutation of (seed, epoch) and takes every world_size-th

@@ -290,7 +290,7 @@ def build_loaders(args, train_set, val_set, device):
         persistent_workers=workers > 0,
         # Page-locked host memory lets the copy to the GPU run asynchronously (non_blocking=True).
         pin_memory=device.type == "cuda",
-        # The loader's own generator seeds its workers, leaving the global RNG to the model.
+        # The loaders' one generator seeds their workers, leaving the global RNG to the model.
         generator=torch.Generator().manual_seed(args.seed),
     )
     # The shuffle draws from a generator of its own, which train() reseeds every epoch.
