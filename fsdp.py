@@ -1292,7 +1292,7 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
         if rank == 0:
             shutil.rmtree(path, ignore_errors=True)  # a partial checkpoint is no checkpoint
         raise shard_write_error(err, rank, final, path) from None
-    except ConfigError:
+    except Exception:  # whatever stopped the write
         if rank == 0:
             shutil.rmtree(path, ignore_errors=True)  # a partial checkpoint is no checkpoint
         raise

@@ -839,7 +839,7 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
         dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=path)
         # Rank 0 writes; the others wait for its verdict: a write that fails stops all here.
         rank0_only(rank, save_file, checkpoint, path / "train_state.pt")
-    except ConfigError:
+    except Exception:  # whatever stopped the write
         if rank == 0:
             shutil.rmtree(path, ignore_errors=True)  # a partial checkpoint is no checkpoint
         raise
