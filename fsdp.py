@@ -98,8 +98,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint  # [optional: recompute]
-# Imported before any process group exists: some modules they import take the default group as a
-# default argument, read once at import (see setup_distributed).
+# Imported before any process group exists: some of their modules read the default group at import.
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_state_dict, set_model_state_dict,
@@ -125,8 +124,7 @@ RESUME_MAY_CHANGE = ("workers", "out_dir", "log_interval", "resume", "ckpt_epoch
                      "init_from",  # [optional: init-from]
                      "backend", "timeout_min", "compile", "channels_last", "tf32",
                      "cudnn_benchmark")
-# A checkpoint is a directory: one file of shards per process, torch.distributed.checkpoint's
-# .metadata, and train_state.pt (what is not sharded).
+# A checkpoint is a directory of files (see save_checkpoint).
 CHECKPOINT_NAME = re.compile(r"^step_(\d+)$")
 # [optional: full disk]
 # sysexits.h's EX_IOERR: a failed write (full disk), told from bad input 2, crash 1, preemption 75.
@@ -157,8 +155,7 @@ def train(args):
     train_loader, val_loader = build_loaders(args, train_set, val_set, device, rank, world_size)
     # Found before the model is built: a checkpoint wins over the weights it would start from.
     checkpoint, checkpoint_path = agreed_checkpoint(args, world_size)
-    # Every process builds the model on the meta device (its shapes: no memory, no values); rank 0
-    # alone holds its values, which shard_model hands out as shards (initial_values says which).
+    # Every process builds shapes on the meta device; rank 0 alone holds values (initial_values).
     model = build_on_meta(args, num_outputs)
     set_seed(args.seed)
     values = rank0_only(rank, initial_values, args, model, num_outputs, checkpoint is None)
@@ -175,8 +172,7 @@ def train(args):
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     units = shard_model(args, model, values, device, world_size, checkpoint is None)
     del values  # in every process's shards now: free rank 0's host copy
-    # After sharding: the optimizer must hold the sharded parameters (DTensors) that fully_shard
-    # put in the model's place; built before, it would step the freed full ones.
+    # After sharding: built before, the optimizer would step the full parameters fully_shard freed.
     optimizer = build_optimizer(args, model)
     scheduler = build_scheduler(args, optimizer,
                                 steps_per_epoch=math.ceil(len(train_loader) / args.accum_steps))
@@ -251,8 +247,7 @@ def train(args):
         if epoch + 1 == args.epochs or args.ckpt_epochs and (epoch + 1) % args.ckpt_epochs == 0:
             save_checkpoint(args, model, optimizer, scheduler, scaler, state)
 
-    # The whole model, gathered from every process's shards to rank 0 alone, on its CPU (the whole
-    # model may not fit its GPU): its keys are the plain model's, and load into it.
+    # Every process's shards, gathered to rank 0's CPU (the whole may not fit its GPU): plain keys.
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
                                                                 cpu_offload=True))
     rank0_only(rank, save_file, full, out_dir / "model.pt")
@@ -321,8 +316,8 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
         # HSDP (--replicas) all-reduces the reduce-scattered shards across replicas, across nodes:
         # once a step, at the group's last micro-batch, FSDP adding up the others' until then.
         model.set_requires_all_reduce(last_in_group)
-        # Every micro-batch's backward reduce-scatters into this process's shard, where they add
-        # up (FSDP's no_sync would keep the whole model's gradients on every process until then).
+        # Each backward reduce-scatters into this process's shard, where they add up: no_sync
+        # would hold the whole model's gradients on every process until the last micro-batch.
         # Dividing by the group's size makes the summed gradients the mean over the group.
         scaler.scale(loss / group_size).backward()
         # A sum weighted by batch size, so a short last batch counts for what it holds.
@@ -337,8 +332,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
             # Clip true gradients: unscale_ first divides out fp16's loss scale (once a step).
             scaler.unscale_(optimizer)
             # The norm before clipping, for the progress line: a rising norm warns of trouble.
-            # Over sharded gradients (DTensors) it is the global norm, every shard's share
-            # all-reduced: the same on every process.
+            # Over sharded gradients (DTensors): the global norm, the same on every process.
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
         # With fp16, step() skips the update when a gradient overflowed and update() adapts the
         # scale; without a scaler (none, bf16) they are a plain optimizer.step() and nothing.
@@ -657,8 +651,7 @@ def setup_distributed(args):
     world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if backend == "gloo" and world_size > 1 and torch.__version__ < "2.9":
-        # Measured with torch 2.7 and 2.8: over gloo, FSDP summed the processes' gradients where
-        # it meant to average them (pytorch#162338). (torch.__version__ compares as a version.)
+        # torch 2.7 and 2.8 summed the gradients over gloo (pytorch#162338); compared as a version.
         raise ConfigError(f"over gloo (CPU) needs torch 2.9 or later, where FSDP averages the "
                           f"gradients (pytorch#162338); this is torch {torch.__version__}")
     if torch.cuda.is_available():
@@ -752,9 +745,8 @@ def stop_if_any_failed(rank, result):
 
 
 def release_device_meshes():
-    """Empty DTensor's caches, which keep every device mesh and its process group alive: gloo's
-    threads would run on to an abort at exit. torch's own tests do so (pytorch#172504)."""
-    # Private names another torch may move: one it lacks is passed over (tests/test_teardown.py).
+    """Empty DTensor's caches: they keep process groups alive to a gloo abort (pytorch#172504)."""
+    # Private names: one this torch lacks is passed over (tests/test_teardown.py).
     for module, name in (("torch.distributed.tensor.debug", "_clear_sharding_prop_cache"),
                          ("torch.distributed.tensor._redistribute",
                           "clear_redistribute_planner_cache"),
@@ -772,8 +764,7 @@ def release_device_meshes():
 
 
 def cleanup_distributed():
-    """Leave the process group, the sharded model collected and DTensor's caches emptied first:
-    alive, they can abort gloo at exit."""
+    """Leave the process group, the model and DTensor's caches freed first: they can abort gloo."""
     # [optional: preemption, mid-epoch]
     PREEMPTION.close()
     release_device_meshes()

@@ -33,11 +33,10 @@ SHOWN_AT_TOP = ("docstring", "imports")
 SHOWN_AT_END = ("parse_args", "AT_LEAST", "POSITIVE", "check_args")
 
 TOP = ("top", "The top of the file: docstring and imports",
-       "What the step is for and how to launch it, and what it newly imports: each import is put to "
-       "use in a section below.")
+       "How to launch the step, and what it newly imports, each put to use in a section below.")
 FLAGS = ("flags", "Flags and their checks: what changed",
          "The flags the sections above read (args.name for --name), new or changed, with their defaults "
-         "and help, and the checks that stop a bad value in one line before any work.")
+         "and help, and the checks that stop a bad value in one line.")
 # The sections that frame a guided page rather than teach a concept of their own.
 FRAME = (TOP[0], FLAGS[0])
 
@@ -367,7 +366,7 @@ MANIFEST = {
         "concepts": [
             TOP,
             ("shard", "Sharding the model: fully_shard",
-             "fully_shard (FSDP2, torch 2.6 or later) shards a module in place, no wrapper (no "
+             "fully_shard (FSDP2) shards a module in place, no wrapper (no "
              ".module): each parameter becomes a DTensor, of which each process holds a slice "
              "along dim 0 (to_local()), about 1/world size; init_device_mesh names the processes. "
              "Before a unit computes, an all-gather gives every process its full parameters, freed "
@@ -375,35 +374,28 @@ MANIFEST = {
              "process its slice of the averaged gradients. Why block by block, the root last: a "
              "unit is gathered whole, so the model as one unit is held whole, as DDP holds it, "
              "with no gather overlapping compute; and the root, sharded last, takes what no block "
-             "took (the stem, the classifier). The optimizer is built after, on the slices."),
+             "took (the stem, the classifier)."),
             ("units", "Units: named in the section \"your data and model\"",
              "shard_units(model), in the section you edit, returns the units: modules, or lists of "
-             "modules gathered as one. The CNN names its convolutions, a torchvision model the "
-             "blocks it repeats (find_blocks); a transformer of your own returns "
-             "list(model.blocks). Tied weights (one tensor in two modules) go in one unit, or both "
-             "stay the root's (a unit check names each mistake in one line). --compile compiles each "
-             "unit where they are a transformer's blocks, else the whole model."),
+             "modules gathered as one; a transformer of your own returns list(model.blocks). "
+             "--compile compiles each unit where they are a transformer's blocks, else the whole "
+             "model."),
             ("hostcopy", "One copy of the model in host memory",
              "Every process builds the model on the meta device: shapes, no memory, no values. "
              "Rank 0 alone holds its values, in host memory: a copy per process would not fit a "
              "node with a large model. to_empty gives each slice memory, and "
              "set_model_state_dict(..., broadcast_from_rank0=True), called by every process (the "
              "others pass {}), fills it from rank 0's tensors, one at a time; buffers, not "
-             "sharded, are broadcast whole. A model too big for one host defines init_weights: "
-             "each process fills its own slices."),
+             "sharded, are broadcast whole."),
             ("precision", "Mixed precision: FSDP's policy",
              "MixedPrecisionPolicy instead of autocast: the slices stay float32, a unit's "
-             "parameters are gathered in bf16 (or fp16) for compute, gradients are reduced in "
-             "float32, the root's output is float32. Unlike autocast, every operation of the unit "
-             "runs in bf16, softmax and norms included. BatchNorm needs float32 weights, and a "
-             "unit's parameters have one dtype: a model with BatchNorm keeps float32 units under "
-             "autocast, as ddp_full.py (docs/fsdp.md says why). fp16 keeps the GradScaler."),
+             "parameters are gathered in bf16 (or fp16), so, unlike autocast, every operation of "
+             "the unit runs in bf16, softmax and norms included. A model with BatchNorm keeps "
+             "float32 units under autocast, as ddp_full.py. fp16 keeps the GradScaler."),
             ("accum", "Accumulation: a reduce-scatter per micro-batch",
-             "no_sync goes: each micro-batch's backward reduce-scatters its gradients into this "
-             "process's slice, where they add up: K reduce-scatters a step, but no process holds "
-             "the whole model's gradients between micro-batches (skipping them with "
-             "set_requires_gradient_sync(False), FSDP2's no_sync, held 44.7 MB against 22.4 on a "
-             "10-class resnet18 at 2 processes)."),
+             "no_sync goes: K reduce-scatters a step, but no process holds the whole model's "
+             "gradients between micro-batches (FSDP2's no_sync, set_requires_gradient_sync(False), "
+             "held 44.7 MB against 22.4 on a 10-class resnet18 at 2 processes)."),
             ("recompute", "Activation checkpointing: recompute instead of keep",
              "--activation-checkpointing: a block keeps only its inputs for backward and runs its "
              "forward again in its backward to remake the activations inside it "
@@ -430,8 +422,7 @@ MANIFEST = {
             ("validation", "The same number of forwards on every process",
              "In ddp_full.py each process evaluates its shard alone, through model.module, with no "
              "collective. Every forward now all-gathers from all processes: every process runs as "
-             "many, a process past its shard's end on a spare batch, discarded. After the last "
-             "forward the root's parameters go back to slices: no backward follows."),
+             "many."),
             ("checkpoint", "Sharded checkpoints: torch.distributed.checkpoint",
              "Every process writes its own slices (dcp.save, a file each) into the checkpoint's "
              "directory, rank 0 the metadata and train_state.pt: any number of processes can read "
@@ -442,7 +433,7 @@ MANIFEST = {
              "ddp_full.py."),
             ("modelpt", "model.pt: the whole model on rank 0",
              "get_model_state_dict, called by every process (it gathers), puts every slice "
-             "together on rank 0's CPU (the whole model may not fit its GPU): plain keys, loading "
+             "together on rank 0's CPU: plain keys, loading "
              "into the model without FSDP. A model too big for rank 0's host memory keeps the "
              "sharded checkpoint, which any number of processes loads."),
             FLAGS,
@@ -511,9 +502,9 @@ MANIFEST = {
                           "--gradient-as-bucket-view": "no DDP buckets to view"},
         "mechanisms": {"shard_model", "precision_policies", "spare_batch", "shard_write_error",
                        "recompute_in_backward", "buffers_kept", "device_mesh",
-                       "shard_units", "units_of", "compile_model", "initial_values",
+                       "shard_units", "units_of", "initial_values",
                        "own_initialisation"},
-        "diff_size": (562, 119),
+        "diff_size": (553, 119),
     },
 }
 

@@ -366,11 +366,11 @@ def guided_page(index, old, new, root):
             notes = "; ".join(", ".join(f"<code>{html.escape(name)}</code>" for name, at in ahead if at == later) +
                               f" from <a href=\"#{sections[later]['key']}\">{html.escape(sections[later]['title'])}</a>"
                               for later in later_ones)
-            out.append(f"<p class=\"uses\">Used here, introduced below: {notes}.</p>")
+            out.append(f"<p class=\"uses\">From later sections: {notes}.</p>")
         if section["uses"]:
             links = ", ".join(f"<a href=\"../../lean/{new}\"><code>{html.escape(used)}</code></a> (line {line})"
                               for used, line in section["uses"])
-            out.append(f"<p class=\"uses\">Uses, unchanged from earlier steps: {links}</p>")
+            out.append(f"<p class=\"uses\">From earlier steps: {links}</p>")
         for region, kind, rows in section["regions"]:
             label = "the imports" if region == "imports" else "the docstring" if region == "docstring" else \
                 f"<code>{html.escape(region)}</code>"
@@ -514,17 +514,12 @@ def github_slug(heading):
 
 
 def brief_markdown(new, root, anchors, titles):
-    """The change in brief, in Markdown: a code block per concept, under a link to its section
-    and to the functions, in the script, that hold its lines."""
+    """The change in brief, in Markdown: a code block per concept, under a link to its section."""
     out = ["## The change in brief", "",
-           f"The lines you would write to port this step into a script of your own, by concept, "
-           f"without their comments: each heading links the concept's section below, where the "
-           f"functions these lines call are shown whole, and each function its place in "
-           f"[`lean/{new}`](../../lean/{new}); `...` stands for lines left out.", ""]
+           "The lines you would write to port this step, by concept, without their comments; each "
+           "heading links the section that shows the functions they call whole. `...`: lines left out.", ""]
     for key, block in brief(new, root):
-        places = ", ".join(f"[`{function or 'the imports'}`](../../lean/{new}#L{rows[0][0] or rows[1][0]})"
-                           for function, rows in block)
-        out += [f"**[{titles[key]}](#{anchors[key]})** — in {places}:", "", "```python"]
+        out += [f"**[{titles[key]}](#{anchors[key]})**", "", "```python"]
         for function, rows in block:
             if len(block) > 1:
                 out.append(f"# in {function}()" if function else "# at the top of the file")
@@ -553,14 +548,14 @@ def diff_block(rows):
 
 
 def markdown_where(rows, old, new):
-    """Where a region's rows stand, as a link to that line of the new script (or the old one)."""
+    """Where a region's rows stand: (the lean script, the line) of the first line shown of the new
+    script, else of the old one."""
     for cls, number, line in rows:
         if cls in ("add", "ctx"):
-            return f"[line {number}](../../lean/{new}#L{number})"
+            return new, number
         if line.startswith("\u22ef line"):
-            number = line.removeprefix("\u22ef line ")
-            return f"[line {number}](../../lean/{new}#L{number})"
-    return f"[lean/{old} line {rows[0][1]}](../../lean/{old}#L{rows[0][1]})"
+            return new, line.removeprefix("\u22ef line ")
+    return old, rows[0][1]
 
 
 def guided_markdown(index, old, new, root):
@@ -572,19 +567,15 @@ def guided_markdown(index, old, new, root):
     titles = {s["key"]: s["title"] for s in sections}
     stem = new.removesuffix(".py")
     out = [f"# Step {index} \u2192 {index + 1}: `{old}` \u2192 `{new}`, one concept at a time", "",
-           f"The lesson of the step: what [`lean/{new}`](../../lean/{new}) adds to [`lean/{old}`](../../lean/{old}), "
-           f"the scripts without their optional parts (what [`{new}`](../../{new}) tags `# [optional: NAME]` for "
-           f"bad input, failures and odd environments is on [its hardening page](../hardening/{stem}.md)). First "
-           f"the change in brief, then a section per concept, in teaching order, each with its why and only its "
-           f"own changes (`+` added, `-` removed; `@@ line N @@`: lines left out, the next line shown is line N "
-           f"of the lean script, `@@ \u22ef @@` a few). A name used before its own section says where it comes "
-           f"from. The whole scripts' diff: [unified]({name}.diff); side by side, and this page with edited words "
-           f"marked, as HTML to download: [{name}.html]({name}.html), [{name}.guided.html]({name}.guided.html).",
+           f"What [`lean/{new}`](../../lean/{new}) adds to [`lean/{old}`](../../lean/{old}): the lesson, the "
+           f"scripts without the parts [`{new}`](../../{new}) tags `# [optional: NAME]` (bad input, failures, "
+           f"odd environments: [its hardening page](../hardening/{stem}.md)). The change in brief, then a "
+           f"section per concept in teaching order, each with its why and only its own changes (`+` added, "
+           f"`-` removed; `@@ line N @@`: lines left out, the next shown is line N of the lean script; "
+           f"`@@ \u22ef @@` a few). The whole diff: [unified]({name}.diff); side by side, and this page with "
+           f"edited words marked, as HTML: [{name}.html]({name}.html), [{name}.guided.html]({name}.guided.html).",
            ""]
     out += brief_markdown(new, root, anchors, titles)
-    out += ["## The sections", ""]
-    out += [f"{number}. [{section['title']}](#{anchors[section['key']]})"
-            for number, section in enumerate(sections, 1)] + [""]
     forward, declared = forward_uses(old, new, root), MANIFEST[new].get("ahead", {})
     for number, section in enumerate(sections):
         out += [f"## {section['title']}", "", section["why"], ""]
@@ -598,14 +589,17 @@ def guided_markdown(index, old, new, root):
             notes = "; ".join(", ".join(f"`{name}`" for name, at in ahead if at == later) +
                               f" from [{sections[later]['title']}](#{anchors[sections[later]['key']]})"
                               for later in later_ones)
-            out += [f"*Used here, introduced below:* {notes}.", ""]
+            out += [f"*From later sections:* {notes}.", ""]
         if section["uses"]:
             links = ", ".join(f"[`{used}`](../../lean/{new}#L{line})" for used, line in section["uses"])
-            out += [f"*Uses, unchanged from earlier steps:* {links}.", ""]
+            out += [f"*From earlier steps:* {links}.", ""]
         for region, kind, rows in section["regions"]:
             label = "The imports" if region == "imports" else "The docstring" if region == "docstring" else \
                 f"`{region}`"
-            out += [f"{label}, {markdown_where(rows, old, new)}{'' if kind == 'changed' else f' ({kind})'}:", ""]
+            script, number = markdown_where(rows, old, new)
+            where = f"[{label}](../../lean/{script}#L{number})" if script == new else \
+                f"{label}, [lean/{old} line {number}](../../lean/{old}#L{number})"
+            out += [f"{where}{'' if kind == 'changed' else f' ({kind})'}:", ""]
             out += diff_block(rows) + [""]
     return "\n".join(out)
 

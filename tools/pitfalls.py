@@ -642,8 +642,7 @@ PITFALLS = [
         "mutation": ("fsdp.py",
                      "    units = shard_model(args, model, values, device, world_size, checkpoint is None)\n"
                      "    del values  # in every process's shards now: free rank 0's host copy\n"
-                     "    # After sharding: the optimizer must hold the sharded parameters (DTensors) that fully_shard\n"
-                     "    # put in the model's place; built before, it would step the freed full ones.\n"
+                     "    # After sharding: built before, the optimizer would step the full parameters fully_shard freed.\n"
                      "    optimizer = build_optimizer(args, model)\n",
                      "    optimizer = build_optimizer(args, model)\n"
                      "    units = shard_model(args, model, values, device, world_size, checkpoint is None)\n"),
