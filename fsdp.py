@@ -374,7 +374,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
             save_checkpoint(args, model, optimizer, scheduler, scaler, state)
     # [optional: unreadable files]
     totals = torch.cat([totals, totals.new_tensor([state.train_unreadable])])
-    # One all-reduce after the loop turns per-process sums into global ones.
+    # One all-reduce after the loop makes per-process sums global (nccl needs them on the GPU).
     dist.all_reduce(totals)
     return totals
 

@@ -203,7 +203,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
                 f"loss {totals[0].item() / samples:.4f} | lr {lr:.6g}{norm} | "
                 f"{samples * dist.get_world_size() / elapsed:.0f} samples/s{peak_memory(device)} | "
                 f"eta {format_seconds(elapsed / step * (num_steps - step))}")
-    # One all-reduce after the loop turns per-process sums into global ones.
+    # One all-reduce after the loop makes per-process sums global (nccl needs them on the GPU).
     dist.all_reduce(totals)
     return totals
 
