@@ -316,8 +316,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
         # HSDP (--replicas) all-reduces the reduce-scattered shards across replicas, across nodes:
         # once a step, at the group's last micro-batch, FSDP adding up the others' until then.
         model.set_requires_all_reduce(last_in_group)
-        # Each backward reduce-scatters into this process's shard, where they add up: no_sync
-        # would hold the whole model's gradients on every process until the last micro-batch.
+        # Each backward reduce-scatters into this process's shard, where they add up.
         # Dividing by the group's size makes the summed gradients the mean over the group.
         scaler.scale(loss / group_size).backward()
         # A sum weighted by batch size, so a short last batch counts for what it holds.

@@ -191,8 +191,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
         last_in_group = batch_index == group_start + group_size - 1
         with autocast(args, device, model):
             loss, count = batch_loss(model, batch)
-        # Each backward reduce-scatters into this process's shard, where they add up: no_sync
-        # would hold the whole model's gradients on every process until the last micro-batch.
+        # Each backward reduce-scatters into this process's shard, where they add up.
         # Dividing by the group's size makes the summed gradients the mean over the group.
         scaler.scale(loss / group_size).backward()
         # A sum weighted by batch size, so a short last batch counts for what it holds.

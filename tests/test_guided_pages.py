@@ -81,6 +81,17 @@ def test_every_anchor_of_the_brief_picks_one_statement_of_the_whole_script(index
     assert [key for key, _ in make_diffs.brief(new, ROOT)] == [key for key, _ in BRIEF[new]]
 
 
+def test_the_lines_a_new_block_takes_in_are_shown_under_it():
+    # Unchanged but for their indentation, they would be left out as unchanged: a fresh reader of the
+    # 2 -> 3 page could not tell which lines of the epoch went under rank 0's `if` (issue 44).
+    sections = make_diffs.guided_sections("dataparallel.py", "ddp_basic.py", LESSON)
+    rank0 = next(s for s in sections if s["key"] == "rank0")
+    rows = next(rows for region, _, rows in rank0["regions"] if region == "train")
+    shown = [(cls, text.strip()) for cls, _, text in rows]
+    opened = shown.index(("add", "if rank == 0:"))
+    assert ("ctx", "history.append(record)") in shown[opened:], shown
+
+
 @pytest.mark.parametrize("index, old, new", GUIDED, ids=STEP_IDS)
 def test_each_region_of_imports_and_flags_is_shown_in_one_section_only(index, old, new):
     sections = make_diffs.guided_sections(old, new, LESSON)

@@ -137,6 +137,9 @@ def region_rows(old_lines, new_lines, chunks, new_start, old_start):
     here, not even as context: a gap row, with the line number of what follows it, stands for
     whatever is left out."""
     unchanged = ladder.unchanged_lines(old_lines, new_lines)
+    # Unchanged lines a step indents anew (into a block it opens): shown after the chunk before them.
+    moved = {k for k, o in unchanged.items() if new_lines[k].strip() and
+             len(new_lines[k]) - len(new_lines[k].lstrip()) != len(old_lines[o]) - len(old_lines[o].lstrip())}
     rows, shown = [], -1  # shown: the index in new_lines of the last line shown, or passed over
 
     for (i1, i2), (j1, j2) in chunks:
@@ -150,6 +153,9 @@ def region_rows(old_lines, new_lines, chunks, new_start, old_start):
         rows += [("del", old_start + k + 1, old_lines[k]) for k in range(i1, i2)]
         rows += [("add", new_start + k + 1, new_lines[k]) for k in range(j1, j2)]
         shown = max(shown, j2 - 1)
+        while shown + 1 in moved:
+            shown += 1
+            rows.append(("ctx", new_start + shown + 1, new_lines[shown]))
     return without_blank_rows(rows)
 
 
