@@ -1761,7 +1761,7 @@ def atomic(save):
         tmp = Path(path).with_name(f".{Path(path).name}.tmp{os.getpid()}")
         try:
             save(obj, tmp)
-            with open(tmp, "rb") as f:
+            with open(tmp, "r+b") as f:  # writable: Windows syncs no read-only file
                 os.fsync(f.fileno())  # the data on the disk before the rename names it
             os.replace(tmp, path)
         # [optional: full disk]
