@@ -1653,8 +1653,7 @@ def check_model_fits(args, num_outputs, train_set, val_set, world_size):
             model = build_model(args, num_outputs).eval()
     except (OSError, SyntaxError, RuntimeError, NotImplementedError):
         return  # a file that cannot be read, a model that reads values as it is built: no verdict
-    # In training BatchNorm normalises each channel over the batch, which one value cannot be: the
-    # smallest batch is tried too, the last of ceil(samples / processes) per process.
+    # BatchNorm cannot train on one value per channel (a ValueError): the smallest batch is tried.
     per_process = math.ceil(len(train_set) / world_size)
     smallest = per_process % args.batch_size or args.batch_size
     why = "" if smallest == args.batch_size else \
@@ -1671,7 +1670,8 @@ def check_model_fits(args, num_outputs, train_set, val_set, world_size):
         if "meta tensors" in str(err):
             return  # a value read (.item(), int() of a count): no verdict, the first step will tell
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"the model does not fit the data: {reason}{where}") from None
+        hint = where if isinstance(err, ValueError) else where and " (in training mode)"
+        raise ConfigError(f"the model does not fit the data: {reason}{hint}") from None
 
 
 # [optional: init-from]

@@ -291,6 +291,15 @@ def test_an_epochs_last_batch_of_one_sample_per_process_is_found_before_training
     assert "epoch" not in result.stdout
 
 
+def test_a_model_whose_training_output_the_loss_cannot_take_is_one_clear_error_naming_training_mode(tmp_path):
+    # googlenet returns its auxiliary outputs too in training (a namedtuple), which cross_entropy cannot
+    # take: the batch is not the cause, and the line sent its user to --batch-size (a fresh reader).
+    result = launch("ddp_full.py", [*TINY, "--model", "googlenet", "--out-dir", str(tmp_path)])
+    assert_one_clear_error(result, "ddp_full.py", "the model does not fit the data: ")
+    assert "not GoogLeNetOutputs (in training mode)" in result.stderr
+    assert "--batch-size" not in result.stderr
+
+
 def reads_values_as_it_is_built(args, num_outputs):
     """A build_model whose model reads a tensor's value in __init__: on the meta device it cannot."""
     import torch
