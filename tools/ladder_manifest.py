@@ -372,9 +372,9 @@ MANIFEST = {
              "Before a unit computes, an all-gather gives every process its full parameters, freed "
              "after its forward and again after its backward, where a reduce-scatter leaves each "
              "process its slice of the averaged gradients. Why block by block, the root last: a "
-             "unit is gathered whole, so the model as one unit is held whole, as DDP holds it, "
-             "with no gather overlapping compute; and the root, sharded last, takes what no block "
-             "took (the stem, the classifier)."),
+             "unit is gathered whole while it computes, so the model as one unit would be held "
+             "whole, as in DDP, and no gather could overlap compute. The root, sharded last, takes "
+             "what no block took (the stem, the classifier)."),
             ("units", "Units: named in the section \"your data and model\"",
              "shard_units(model), in the section you edit, returns the units: modules, or lists of "
              "modules gathered as one; a transformer of your own returns list(model.blocks). "
@@ -526,7 +526,8 @@ BRIEF = {
                    "train_loader.sampler.set_epoch(epoch)"]),
         ("ddp", [("train", "set_seed(args.seed)"), "model = build_model(args, num_outputs).to(device)", "model = DDP(model",
                  "optimizer = build_optimizer(args, model)", "set_seed(args.seed + rank)", "dist.all_reduce(totals)"]),
-        ("rank0", ["rank0_only(rank, prepare_out_dir, args)", ("train", "if rank == 0:"),
+        ("rank0", ["rank0_only(rank, prepare_out_dir, args)", ("train", "for epoch in range(args.epochs):"),
+                   ("train", "if rank == 0:"),
                    "val_totals = evaluate(args, model.module", "model.module.state_dict(), out_dir"]),
         ("compile", ["if args.compile:", "model.compile()"]),
     ],
