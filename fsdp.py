@@ -104,7 +104,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      get_state_dict, set_model_state_dict,
                                                      set_state_dict)
 from torch.distributed.device_mesh import init_device_mesh
-# fsdp.fully_shard, fsdp.MixedPrecisionPolicy: public since torch 2.6.
+# Public since torch 2.6: fsdp.fully_shard, fsdp.MixedPrecisionPolicy.
 from torch.distributed import fsdp
 from torch.utils.data import DataLoader, DistributedSampler, Sampler, Subset, TensorDataset
 
@@ -155,7 +155,6 @@ def train(args):
     train_loader, val_loader = build_loaders(args, train_set, val_set, device, rank, world_size)
     # Found before the model is built: a checkpoint wins over the weights it would start from.
     checkpoint, checkpoint_path = agreed_checkpoint(args, world_size)
-    # Every process builds shapes on the meta device; rank 0 alone holds values (initial_values).
     model = build_on_meta(args, num_outputs)
     set_seed(args.seed)
     values = rank0_only(rank, initial_values, args, model, num_outputs, checkpoint is None)
@@ -898,7 +897,7 @@ def find_blocks(model):
             yield from [child] if take(child) else search(child, take)
 
     blocks = list(search(model, is_block)) or list(search(model, is_layer))
-    # Tied weights are gathered as one: a unit sharing a parameter with the rest is the root's.
+    # A block sharing a parameter with the rest (tied weights) is left to the root.
     return [block for block in blocks if not shares_parameters(model, [block])]
 
 
@@ -1267,8 +1266,7 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
     broadcast_buffers(model)
     model_state, optimizer_state = get_state_dict(model, optimizer)
     try:
-        # Each process writes its shards (a file), rank 0 the .metadata of where each shard lies,
-        # so that any number of processes can read them back; it returns once all is written.
+        # Each process writes its shards, rank 0 the .metadata; it returns once all is written.
         dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=path)
         # [optional: shard check]
         # Each process writes into --out-dir on its own node: the checkpoint is whole only where
@@ -1420,8 +1418,8 @@ def find_checkpoint(args):
 def restore(checkpoint, path, model, optimizer, scheduler, scaler, rank):
     """Load a checkpoint into the sharded model and the rest; return the TrainState it holds."""
     try:
-        # Each process reads the shards it holds now, whoever wrote them (resharded); dcp.load
-        # fills in place the state dicts get_state_dict makes (the optimizer's state included).
+        # Each process reads the shards it holds now, whoever wrote them; dcp.load fills in place
+        # the state dicts get_state_dict makes, the optimizer's included.
         model_state, optimizer_state = get_state_dict(model, optimizer)
         sharded = {"model": model_state, "optimizer": optimizer_state}
         dcp.load(sharded, checkpoint_id=path)

@@ -92,6 +92,21 @@ def test_the_lines_a_new_block_takes_in_are_shown_under_it():
     assert ("ctx", "history.append(record)") in shown[opened:], shown
 
 
+def test_a_change_inside_a_statement_shows_the_line_that_begins_it():
+    # A help text changed alone read as no flag's (5 -> 6), and `finally:` came without its `try:`,
+    # which a fresh reader of the 2 -> 3 page guessed (issue 44).
+    def shown(old, new, key, region):
+        section = next(s for s in make_diffs.guided_sections(old, new, LESSON) if s["key"] == key)
+        rows = next(rows for name, _, rows in section["regions"] if name == region)
+        return [(cls, text.strip()) for cls, _, text in rows]
+
+    flags = shown("ddp_full.py", "fsdp.py", "flags", "parse_args")
+    amp = next(k for k, (cls, text) in enumerate(flags) if text.startswith('parser.add_argument("--amp"'))
+    assert flags[amp][0] == "ctx" and flags[amp + 1][1].startswith("help="), flags
+    group = shown("dataparallel.py", "ddp_basic.py", "group", "main")
+    assert group.index(("ctx", "try:")) < group.index(("add", "finally:")), group
+
+
 @pytest.mark.parametrize("index, old, new", GUIDED, ids=STEP_IDS)
 def test_each_region_of_imports_and_flags_is_shown_in_one_section_only(index, old, new):
     sections = make_diffs.guided_sections(old, new, LESSON)

@@ -377,9 +377,7 @@ MANIFEST = {
              "what no block took (the stem, the classifier)."),
             ("units", "Units: named in the section \"your data and model\"",
              "shard_units(model), in the section you edit, returns the units: modules, or lists of "
-             "modules gathered as one; a transformer of your own returns list(model.blocks). "
-             "--compile compiles each unit where they are a transformer's blocks, else the whole "
-             "model."),
+             "modules gathered as one; a transformer of your own returns list(model.blocks)."),
             ("hostcopy", "One copy of the model in host memory",
              "Every process builds the model on the meta device: shapes, no memory, no values. "
              "Rank 0 alone holds its values, in host memory: a copy per process would not fit a "
@@ -503,7 +501,7 @@ MANIFEST = {
                        "recompute_in_backward", "buffers_kept", "device_mesh",
                        "shard_units", "units_of", "initial_values",
                        "own_initialisation"},
-        "diff_size": (552, 119),
+        "diff_size": (550, 119),
     },
 }
 

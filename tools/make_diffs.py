@@ -131,6 +131,27 @@ def docstring_rows(rows, lines, start):
     return kept
 
 
+def opening_lines(lines):
+    """{index of a line inside a statement begun above it: the index of that statement's first
+    line}, for the continuation lines of a statement and the clauses (except, else, finally) of a
+    compound one, the innermost statement's; a function or class is no such statement."""
+    try:
+        tree = ast.parse("\n".join(lines))
+    except SyntaxError:
+        return {}
+    found = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.stmt) or isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            continue
+        children = [child for field in ("body", "orelse", "finalbody") for child in getattr(node, field, [])]
+        children += [child for handler in getattr(node, "handlers", []) for child in handler.body]
+        inside = {k for child in children for k in range(child.lineno - 1, child.end_lineno)}
+        for k in range(node.lineno, node.end_lineno):
+            if k not in inside and lines[k].strip() and not lines[k].strip().startswith("#"):
+                found[k] = node.lineno - 1
+    return found
+
+
 def region_rows(old_lines, new_lines, chunks, new_start, old_start):
     """The rows of one region in one section, as (class, line number, text): its chunks, each
     below up to CONTEXT unchanged lines. Lines that other sections add or remove are never shown
@@ -142,7 +163,15 @@ def region_rows(old_lines, new_lines, chunks, new_start, old_start):
              len(new_lines[k]) - len(new_lines[k].lstrip()) != len(old_lines[o]) - len(old_lines[o].lstrip())}
     rows, shown = [], -1  # shown: the index in new_lines of the last line shown, or passed over
 
+    openers = opening_lines(new_lines)
     for (i1, i2), (j1, j2) in chunks:
+        # A chunk begun inside a statement shows where that statement begins (try: above finally:).
+        opener = openers.get(j1)
+        if opener is not None and opener in unchanged and opener > shown:
+            if rows and any(k not in unchanged or new_lines[k].strip() for k in range(shown + 1, opener)):
+                rows.append(gap(new_start + opener + 1, opener - shown - 1))
+            rows.append(("ctx", new_start + opener + 1, new_lines[opener]))
+            shown = opener
         first = j1
         while first > shown + 1 and first - 1 in unchanged and j1 - first < CONTEXT:
             first -= 1
