@@ -254,8 +254,7 @@ def evaluate(args, model, loader, device):
             totals[:-1] += sums
             totals[-1] += count
         else:
-            # Every forward gathers from all processes: one skipped would leave the others
-            # waiting. Past its shard's end a process runs one on a spare batch, discarded.
+            # Every forward gathers from all processes: one skipped would leave the others waiting.
             spare = spare if spare is not None else spare_batch(loader, device, args.channels_last)
             with autocast(args, device, model):
                 evaluate_batch(model, spare)
@@ -279,7 +278,7 @@ def broadcast_buffers(model):
 
 
 def spare_batch(loader, device, channels_last):
-    """A batch of one sample of the validation set, for a forward whose result is discarded."""
+    """One validation sample as a batch, for a forward whose result is discarded."""
     sample = loader.dataset[0]
     return to_device(torch.utils.data.default_collate([sample]), device, channels_last)
 
@@ -559,7 +558,7 @@ def shard_model(args, model, values, device, world_size, afresh):
     for unit in units:
         fsdp.fully_shard(unit if len(unit) > 1 else unit[0], mesh=mesh, mp_policy=policy)
     fsdp.fully_shard(model, mesh=mesh, mp_policy=root_policy)
-    # Memory for this process's shards, then their values: its slices of rank 0's tensors.
+    # Memory for this process's shards, then its slices of rank 0's values.
     model.to_empty(device=device)
     if init_weights is not None:
         # GPUs draw each shard as a slice of one random tensor; on CPU each process needs a seed

@@ -205,6 +205,13 @@ def test_the_change_in_brief_is_20_to_40_lines_each_under_its_concepts_section(i
         assert f"**[{titles[key]}](#{make_diffs.github_slug(titles[key])})**" in text, key
 
 
+def test_the_brief_marks_the_statements_a_step_keeps_as_before():
+    # Two fresh readers could not tell the lines to add from those kept to place them (issue 44).
+    lines = markdown_page(2, "dataparallel.py", "ddp_basic.py").splitlines()
+    assert "set_seed(args.seed)  # as before" in lines and "set_seed(args.seed + rank)" in lines
+    assert "model = DDP(model, device_ids=[local_rank] if device.type == \"cuda\" else None)" in lines
+
+
 @pytest.mark.parametrize("index, old, new", GUIDED, ids=STEP_IDS)
 def test_every_line_of_the_brief_is_the_scripts_own(index, old, new):
     # Generated from the script, not written beside it: a brief line is a line of the script without

@@ -548,17 +548,37 @@ def github_slug(heading):
     return text.replace(" ", "-")
 
 
-def brief_markdown(new, root, anchors, titles):
-    """The change in brief, in Markdown: a code block per concept, under a link to its section."""
+def kept_lines(old, new, root):
+    """The line numbers of the new script that its region has as the old script had it."""
+    old_text, new_text = ladder.read(old, root), ladder.read(new, root)
+    old_regions, new_regions = ladder.regions(old_text), ladder.regions(new_text)
+    starts = ladder.region_starts(new_text)
+    return {starts[name] + k + 1 for name, lines in new_regions.items() if name in old_regions
+            for k in ladder.unchanged_lines(old_regions[name], lines)}
+
+
+def brief_markdown(old, new, root, anchors, titles):
+    """The change in brief, in Markdown: a code block per concept, under a link to its section; a
+    statement the step leaves as it was, shown to place the new ones, says so."""
     out = ["## The change in brief", "",
            "The lines you would write to port this step, by concept, without their comments; each "
-           "heading links the section that shows the functions they call whole. `...`: lines left out.", ""]
+           "heading links the section that shows the functions they call whole. `...`: lines left out; "
+           "`# as before`: a kept line that places the new ones.", ""]
+    kept, lines = kept_lines(old, new, root), ladder.read(new, root).splitlines()
+    starts = ladder.statement_starts(lines)
     for key, block in brief(new, root):
         out += [f"**[{titles[key]}](#{anchors[key]})**", "", "```python"]
         for function, rows in block:
             if len(block) > 1:
                 out.append(f"# in {function}()" if function else "# at the top of the file")
-            out += [text for _, text in rows]
+            for k, (number, text) in enumerate(rows):
+                # A statement's last line shown says whether all of it is as before.
+                statement = [number]
+                while statement[0] is not None and statement[0] - 1 not in starts:
+                    statement.insert(0, statement[0] - 1)
+                last = k + 1 == len(rows) or rows[k + 1][0] is None or rows[k + 1][0] - 1 in starts
+                old_line = number is not None and last and all(n in kept for n in statement)
+                out.append(f"{text}  # as before" if old_line else text)
         out += ["```", ""]
     if new == "ddp_full.py":
         out += [resume_note(root), ""]
@@ -610,7 +630,7 @@ def guided_markdown(index, old, new, root):
            f"`@@ \u22ef @@` a few). The whole diff: [unified]({name}.diff); side by side, and this page with "
            f"edited words marked, as HTML: [{name}.html]({name}.html), [{name}.guided.html]({name}.guided.html).",
            ""]
-    out += brief_markdown(new, root, anchors, titles)
+    out += brief_markdown(old, new, root, anchors, titles)
     forward, declared = forward_uses(old, new, root), MANIFEST[new].get("ahead", {})
     for number, section in enumerate(sections):
         out += [f"## {section['title']}", "", section["why"], ""]
