@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import LAUNCH_TIMEOUT, ROOT, TINY, base_env, check, command, launch, metrics, weights
+from conftest import LAUNCH_TIMEOUT, ROOT, TINY, base_env, check, command, descendants, launch, metrics, weights
 from test_bad_input import assert_one_clear_error, call_main, snapshot
 from test_resume import BATCHNORM, assert_bitwise_equal
 
@@ -287,8 +287,16 @@ def test_nodes_that_see_different_checkpoints_stop_with_one_line_and_write_nothi
             results.append(subprocess.CompletedProcess(process.args, None, *process.communicate(
                 timeout=LAUNCH_TIMEOUT)))
         except subprocess.TimeoutExpired:
+            # Workers first found, then killed with their agents: torchrun starts them in sessions of
+            # their own, which killpg leaves running (as conftest's launch does).
+            workers = [pid for other in processes for pid in descendants(other.pid)]
             for other in processes:
                 os.killpg(other.pid, signal.SIGKILL)
+            for pid in workers:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             raise AssertionError(f"the nodes hung for {LAUNCH_TIMEOUT} s instead of stopping") from None
         results[-1].returncode = process.returncode
     assert_one_clear_error(results[0], "ddp_full.py", "processes disagree on the checkpoint to resume from: "
