@@ -60,6 +60,33 @@ def command(script, args, nproc=None, torchrun_args=()):
             *torchrun_args, path, *args]
 
 
+def end(processes):
+    """Kill launches started in sessions of their own, with their workers: those are found first,
+    before torchrun goes (they would then be init's), and killed one by one, for torchrun starts
+    them in sessions of their own, which killing its process group leaves running."""
+    workers = [pid for process in processes for pid in descendants(process.pid)]
+    for pid in [*(-process.pid for process in processes), *workers]:
+        try:
+            os.kill(pid, signal.SIGKILL)  # a negative pid: the process group
+        except ProcessLookupError:
+            pass
+
+
+# Launches a test starts to run beside it (test_cluster.py's start): any still running when the test
+# ends, passed or failed, are ended with their workers, so that none outlives it.
+STARTED = []
+
+
+@pytest.fixture(autouse=True)
+def no_started_launch_outlives_its_test():
+    yield
+    running = [process for process in STARTED if process.poll() is None]
+    STARTED.clear()
+    end(running)
+    for process in running:
+        process.wait()
+
+
 def descendants(pid):
     """Every process below pid, children first: torchrun starts its workers in sessions of their own,
     which killing its process group leaves running (and holding the pipes a launch reads)."""
@@ -90,13 +117,7 @@ def launch(script, args, nproc=None, env=None, torchrun_args=(), timeout=LAUNCH_
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        workers = descendants(process.pid)  # before torchrun goes: then they would be init's
-        os.killpg(process.pid, signal.SIGKILL)
-        for pid in workers:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        end([process])
         stdout, stderr = process.communicate()
         pytest.fail(f"{' '.join(cmd)} did not finish in {timeout} s (a hung collective?)\n{stdout[-3000:]}\n{stderr[-3000:]}")
     return subprocess.CompletedProcess(cmd, process.returncode, stdout, stderr)

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import LAUNCH_TIMEOUT, ROOT, TINY, base_env, check, command, descendants, launch, metrics, weights
+from conftest import LAUNCH_TIMEOUT, ROOT, STARTED, TINY, base_env, check, command, end, launch, metrics, weights
 from test_bad_input import assert_one_clear_error, call_main, snapshot
 from test_resume import BATCHNORM, assert_bitwise_equal
 
@@ -38,8 +38,10 @@ def start(cmd, out_dir, env=None):
     full_env = base_env()
     full_env.update(env or {})
     log = open(out_dir.parent / f"{out_dir.name}.log", "w")
-    return subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True, **({"shell": True} if isinstance(cmd, str) else {}))
+    process = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT,
+                               start_new_session=True, **({"shell": True} if isinstance(cmd, str) else {}))
+    STARTED.append(process)  # ended, with its workers, if the test ends before it
+    return process
 
 
 def wait_for_checkpoint(process, out_dir, timeout=120):
@@ -155,7 +157,7 @@ def test_auto_resume_skips_a_torn_checkpoint_and_falls_back_to_the_previous_one(
     partial.write_bytes(b"\x50\x4b\x03")
     result = check(launch("ddp_full.py", [*TINY, "--batch-size", "8", "--out-dir", str(tmp_path)], nproc=2))
     assert f"skipping: checkpoint {newest} cannot be read" in result.stdout
-    assert "step_000000012.pt: epoch 2, step 0" in result.stdout
+    assert "step_000000012.pt: step 0 of epoch 2" in result.stdout
     assert_bitwise_equal(reference, tmp_path)
 
 
@@ -235,7 +237,7 @@ def test_sigterm_during_validation_stops_within_two_batches_and_resume_is_bitwis
     checkpoint = torch.load(tmp_path / "checkpoints" / "step_000000012.pt", weights_only=True)
     assert (checkpoint["epoch"], checkpoint["step_in_epoch"], checkpoint["history"]) == (0, 12, [])
     resumed = check(launch("ddp_full.py", [*TINY, *IN_VALIDATION, "--out-dir", str(tmp_path)], nproc=2))
-    assert "step_000000012.pt: epoch 1, step 12" in resumed.stdout
+    assert "step_000000012.pt: step 12 of epoch 1" in resumed.stdout
     assert_bitwise_equal(reference, tmp_path)
 
 
@@ -258,7 +260,7 @@ def test_sigterm_stops_after_the_optimizer_step_and_a_batchnorm_model_resumes_bi
     step = PREEMPTED_AT[sample]
     assert f"preempted at step {step}: checkpoint written" in stopped.stdout, stopped.stdout + stopped.stderr
     resumed = check(launch(script, [*TINY, *BATCHNORM, "--out-dir", str(tmp_path)], nproc=2))
-    assert f"epoch 1, step {step}" in resumed.stdout, resumed.stdout
+    assert f"step {step} of epoch 1" in resumed.stdout, resumed.stdout
     assert_bitwise_equal(reference, tmp_path)
 
 
@@ -287,16 +289,7 @@ def test_nodes_that_see_different_checkpoints_stop_with_one_line_and_write_nothi
             results.append(subprocess.CompletedProcess(process.args, None, *process.communicate(
                 timeout=LAUNCH_TIMEOUT)))
         except subprocess.TimeoutExpired:
-            # Workers first found, then killed with their agents: torchrun starts them in sessions of
-            # their own, which killpg leaves running (as conftest's launch does).
-            workers = [pid for other in processes for pid in descendants(other.pid)]
-            for other in processes:
-                os.killpg(other.pid, signal.SIGKILL)
-            for pid in workers:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            end(processes)  # both agents, with their workers
             raise AssertionError(f"the nodes hung for {LAUNCH_TIMEOUT} s instead of stopping") from None
         results[-1].returncode = process.returncode
     assert_one_clear_error(results[0], "ddp_full.py", "processes disagree on the checkpoint to resume from: "
