@@ -450,7 +450,7 @@ def add_task_arguments(parser):
                              "--image-size 224)")
 
 
-def make_synthetic(num_samples, seed, split, size=32):
+def make_synthetic(num_samples, seed, split, size):
     """Images in 10 classes, each a smooth colour pattern under strong noise: a model must learn,
     and can. A pure function of its arguments, from generators of its own (not the global one)."""
     patterns = torch.randn(NUM_SYNTHETIC_CLASSES, 3, 4, 4,
@@ -923,8 +923,7 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
         "scheduler": scheduler.state_dict(),
         "scaler": scaler.state_dict(),
         **{name: getattr(state, name) for name in SHARED_STATE},
-        "world_size": dist.get_world_size(),
-        "config": vars(args),
+        "world_size": dist.get_world_size(), "config": vars(args),
         "rank_states": gathered,
     }
     ckpt_dir = Path(args.out_dir) / "checkpoints"
@@ -1070,9 +1069,10 @@ def start_or_resume(args, checkpoint, path, model, optimizer, scheduler, scaler,
     if checkpoint["world_size"] != dist.get_world_size():
         # Another number of processes: the schedule goes on from the same fraction of the run.
         steps_per_epoch = math.ceil(len(train_loader) / args.accum_steps)
-        done = state.epoch
-        done += state.epoch_position / len(train_loader.dataset)  # [optional: mid-epoch]
-        scheduler.last_epoch = round(done * steps_per_epoch) - 1
+        scheduler.last_epoch = state.epoch * steps_per_epoch - 1
+        # [optional: mid-epoch]
+        scheduler.last_epoch += round(state.epoch_position / len(train_loader.dataset)
+                                      * steps_per_epoch)
         scheduler.step()
         was = checkpoint["world_size"] * checkpoint["config"]["accum_steps"] * args.batch_size
         log(f"written by {checkpoint['world_size']} processes, resumed by {dist.get_world_size()}: "
@@ -1625,9 +1625,9 @@ def recipe(args):
 def log_resume(args, checkpoint_path, state):
     """Say where a resumed run goes on, or that it already completed every epoch."""
     if checkpoint_path is not None:
-        where = f"epoch {state.epoch + 1}"
-        where += f", step {state.step_in_epoch}"  # [optional: mid-epoch]
-        log(f"resumed from {checkpoint_path}: {where}")
+        log(f"resumed from {checkpoint_path}: "
+            f"step {state.step_in_epoch} of "  # [optional: mid-epoch]
+            f"epoch {state.epoch + 1}")
     if state.epoch >= args.epochs:
         log(f"nothing to train: the run already completed {state.epoch} epochs; start afresh with "
             f"--resume none or another --out-dir")

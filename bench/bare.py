@@ -98,7 +98,7 @@ def main():
         labels = torch.randint(10, (args.batch_size,), device=device)
         loader = [(images, labels)] * micro
     else:
-        data = make_synthetic(args.train_samples or micro * args.batch_size, rank, "train")
+        data = make_synthetic(args.train_samples or micro * args.batch_size, rank, "train", 32)
         loader = DataLoader(data, batch_size=args.batch_size, num_workers=args.workers, shuffle=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=args.weight_decay)
     wait = compute = 0.0

@@ -413,7 +413,7 @@ def reference_logits(run_dir, model_name="resnet18", samples=VAL_SAMPLES):
     model = torchvision.models.get_model(model_name, num_classes=10)
     model.load_state_dict(torch.load(Path(run_dir) / "model.pt", map_location="cpu", weights_only=True))
     model.eval()
-    images, labels = make_synthetic(samples, 0, "val").tensors
+    images, labels = make_synthetic(samples, 0, "val", 32).tensors
     with torch.no_grad():
         logits = torch.cat([model(images[i:i + 100]) for i in range(0, samples, 100)])
     return logits.double(), labels

@@ -53,8 +53,8 @@ def main():
         model = torchvision.models.get_model(args.model, num_classes=10)
     args.layout = torch.channels_last if args.channels_last else torch.contiguous_format
     model = model.to(memory_format=args.layout)
-    train_set = make_synthetic(args.train_samples, 0, "train")
-    val_set = make_synthetic(args.val_samples, 0, "val")
+    train_set = make_synthetic(args.train_samples, 0, "train", 32)
+    val_set = make_synthetic(args.val_samples, 0, "val", 32)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=5e-4)
     Path(args.out_dir).mkdir(parents=True, exist_ok=True)
     run = {"bare": bare, "accelerate": accelerate, "fabric": fabric}[args.framework]

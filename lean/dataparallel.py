@@ -182,7 +182,7 @@ def add_task_arguments(parser):
                              "--image-size 224)")
 
 
-def make_synthetic(num_samples, seed, split, size=32):
+def make_synthetic(num_samples, seed, split, size):
     """Images in 10 classes, each a smooth colour pattern under strong noise: a model must learn,
     and can. A pure function of its arguments, from generators of its own (not the global one)."""
     patterns = torch.randn(NUM_SYNTHETIC_CLASSES, 3, 4, 4,

@@ -65,9 +65,9 @@ def test_resume_with_augmenting_workers_is_bitwise_mid_epoch_and_at_an_epoch_bou
     reference = runs.get("imagefolder_w2_workers2", "ddp_full.py", args, nproc=2)
     run_full(tmp_path, *args, "--max-steps", "2")
     middle = run_full(tmp_path, *args, "--max-steps", "3")
-    assert "step_000000002.pt: epoch 1, step 2" in middle.stdout
+    assert "step_000000002.pt: step 2 of epoch 1" in middle.stdout
     last = run_full(tmp_path, *args)
-    assert "step_000000003.pt: epoch 2, step 0" in last.stdout
+    assert "step_000000003.pt: step 0 of epoch 2" in last.stdout
     assert_bitwise_equal(reference, tmp_path)
 
 

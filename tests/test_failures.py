@@ -95,7 +95,7 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_exit_74_and_the_run_resumes_fro
     moved = tmp_path / "moved"
     shutil.copytree(left, moved)
     resumed = check(launch("ddp_full.py", [*TINY, "--batch-size", "8", "--out-dir", str(moved)], nproc=2))
-    assert "step_000000012.pt: epoch 2, step 0" in resumed.stdout
+    assert "step_000000012.pt: step 0 of epoch 2" in resumed.stdout
     assert_bitwise_equal(straight, moved)
 
 
@@ -118,7 +118,7 @@ def test_a_full_disk_at_a_sharded_checkpoint_leaves_no_partial_directory_and_res
     moved = tmp_path / "moved"
     shutil.copytree(left, moved)
     resumed = check(launch("fsdp.py", [*TINY, "--batch-size", "8", "--out-dir", str(moved)], nproc=2))
-    assert "step_000000012: epoch 2, step 0" in resumed.stdout
+    assert "step_000000012: step 0 of epoch 2" in resumed.stdout
     assert_bitwise_equal(straight, moved)
 
 

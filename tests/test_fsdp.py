@@ -20,7 +20,6 @@ import signal
 import subprocess
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import torch
@@ -121,7 +120,7 @@ def test_fsdp_sharded_validation_with_batchnorm_scores_the_saved_model(runs):
     import torchvision
 
     out_dir = runs.get("fsdp_bn_w3", "fsdp.py", BATCHNORM, nproc=3, tiny=False)
-    images, labels = load_script("fsdp.py").make_synthetic(23, 0, "val").tensors
+    images, labels = load_script("fsdp.py").make_synthetic(23, 0, "val", 32).tensors
     model = torchvision.models.resnet18(num_classes=10)
     model.load_state_dict(weights(out_dir))  # model.pt: the plain model's keys, all of them
     model.eval()
@@ -146,7 +145,7 @@ def test_fsdp_resume_mid_epoch_and_at_an_epoch_boundary_is_bitwise(runs, tmp_pat
     check(launch("fsdp.py", [*TINY, *RESUME, "--max-steps", "4", "--out-dir", str(tmp_path)], nproc=2))
     check(launch("fsdp.py", [*TINY, *RESUME, "--max-steps", "6", "--out-dir", str(tmp_path)], nproc=2))
     third = check(launch("fsdp.py", [*TINY, *RESUME, "--out-dir", str(tmp_path)], nproc=2))
-    assert "step_000000006: epoch 2, step 0" in third.stdout
+    assert "step_000000006: step 0 of epoch 2" in third.stdout
     assert_bitwise_equal(reference, tmp_path)
 
 
@@ -159,7 +158,7 @@ def test_fsdp_resume_of_resnet18_is_bitwise_its_batchnorm_statistics_rank_0s(run
     reference = runs.get("fsdp_bn_resume_ref_w2", "fsdp.py", args, nproc=2, tiny=False)
     check(launch("fsdp.py", [*args, "--max-steps", "4", "--out-dir", str(tmp_path)], nproc=2))
     resumed = check(launch("fsdp.py", [*args, "--out-dir", str(tmp_path)], nproc=2))
-    assert "step_000000004: epoch 2, step 1" in resumed.stdout
+    assert "step_000000004: step 1 of epoch 2" in resumed.stdout
     assert_bitwise_equal(reference, tmp_path)
 
 
@@ -171,7 +170,7 @@ def test_fsdp_resume_with_augmenting_workers_is_bitwise(runs, image_tree, tmp_pa
     reference = runs.get("fsdp_imagefolder_w2_workers2", "fsdp.py", args, nproc=2, tiny=False)
     check(launch("fsdp.py", [*args, "--max-steps", "2", "--out-dir", str(tmp_path)], nproc=2))
     resumed = check(launch("fsdp.py", [*args, "--out-dir", str(tmp_path)], nproc=2))
-    assert "step_000000002: epoch 1, step 2" in resumed.stdout
+    assert "step_000000002: step 2 of epoch 1" in resumed.stdout
     assert_bitwise_equal(reference, tmp_path)
 
 
@@ -190,7 +189,7 @@ def test_fsdp_auto_resume_passes_over_a_torn_checkpoint(runs, tmp_path):
     shutil.copytree(checkpoints / "step_000000004", checkpoints / ".step_000000006.tmp")
     resumed = check(launch("fsdp.py", [*TINY, *RESUME, "--out-dir", str(tmp_path)], nproc=2))
     assert "skipping: checkpoint" in resumed.stdout and "__1_0.distcp is cut short" in resumed.stdout
-    assert "resumed from" in resumed.stdout and "step_000000004: epoch 1, step 4" in resumed.stdout
+    assert "resumed from" in resumed.stdout and "step_000000004: step 4 of epoch 1" in resumed.stdout
     assert_bitwise_equal(reference, tmp_path)
 
 
@@ -233,7 +232,7 @@ def test_fsdp_resumes_on_4_then_3_processes_resharded_at_the_same_sample(tmp_pat
     check(probe(out_dir, [*args, "--max-steps", "4"], 4, probe_dir))
     saved[3] = read_dcp(out_dir / "checkpoints" / "step_000000004", tmp_path)
     last = check(probe(out_dir, args, 3, probe_dir))
-    assert "step_000000004: epoch 1, step 4" in last.stdout
+    assert "step_000000004: step 4 of epoch 1" in last.stdout
     # Every sample of the epoch once, across the three runs; the last pads its 32 to 33, repeating
     # one sample (as DistributedSampler pads), at most world size - 1 in all.
     seen = samples_seen(probe_dir, epoch=0)
@@ -309,7 +308,7 @@ def test_hsdp_checkpoints_resume_in_another_layout_and_on_another_number_of_proc
     check(probe(out_dir, [*args, "--max-steps", "3"], 4, probe_dir))
     saved[2] = read_dcp(out_dir / "checkpoints" / "step_000000003", tmp_path)
     last = check(probe(out_dir, [*args, "--replicas", "2"], 2, probe_dir))
-    assert "step_000000003: epoch 1, step 3" in last.stdout
+    assert "step_000000003: step 3 of epoch 1" in last.stdout
     for nproc in (4, 2):
         restored = torch.load(probe_dir / f"restored_w{nproc}.pt", weights_only=False)
         assert_states_equal(restored["model"], saved[nproc]["model"])
@@ -487,7 +486,7 @@ def test_fsdp_starts_from_resnet18_weights_and_first_scores_them_with_their_batc
     out_dir = tmp_path / "run"
     check(launch("fsdp.py", [*BATCHNORM, "--init-from", str(saved / "model.pt"), "--max-steps", "1",
                              "--out-dir", str(out_dir)], nproc=2))
-    images, labels = load_script("fsdp.py").make_synthetic(23, 0, "val").tensors
+    images, labels = load_script("fsdp.py").make_synthetic(23, 0, "val", 32).tensors
     model = torchvision.models.resnet18(num_classes=10)
     model.load_state_dict(weights(saved))
     model.eval()
@@ -608,7 +607,7 @@ def test_fsdp_with_empty_shards_on_some_processes_trains_checkpoints_and_resumes
     assert last["params"]["classifier.weight"] == 0 and last["optimizer"]["classifier.weight"] == 0, last
     saved = read_dcp(out_dir / "checkpoints" / "step_000000002", tmp_path)
     finished = check(probe(out_dir, args, 2, probe_dir))
-    assert "step_000000002: epoch 1, step 2" in finished.stdout
+    assert "step_000000002: step 2 of epoch 1" in finished.stdout
     restored = torch.load(probe_dir / "restored_w2.pt", weights_only=False)
     assert_states_equal(restored["model"], saved["model"])
     assert_states_equal(restored["optimizer"]["state"], saved["optimizer"]["state"])

@@ -17,7 +17,7 @@ def test_resnet18_with_batchnorm_validates_on_rank_0_without_hanging(tmp_path):
             "--epochs", "1", "--batch-size", "8", "--out-dir", str(tmp_path)]
     check(launch("ddp_basic.py", args, nproc=2, timeout=180))
     module = load_script("ddp_basic.py")
-    images, labels = module.make_synthetic(21, 0, "val").tensors
+    images, labels = module.make_synthetic(21, 0, "val", 32).tensors
     import torchvision
 
     model = torchvision.models.resnet18(num_classes=10)

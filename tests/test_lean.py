@@ -66,6 +66,31 @@ def test_no_import_or_name_is_left_that_nothing_uses(script, folder):
     assert not unused((ROOT / folder / script).read_text())
 
 
+def pyflakes_findings(path):
+    """pyflakes' findings in a file (an undefined name, an unused import or variable, ...), but an
+    import that says it is kept for its side effect ("# noqa: F401")."""
+    from pyflakes.checker import Checker
+    from pyflakes.messages import UnusedImport
+
+    text = path.read_text()
+    lines = text.splitlines()
+    return [f"{path.parent.name}/{path.name}:{m.lineno}: {m.message % m.message_args}"
+            for m in Checker(ast.parse(text), filename=str(path)).messages
+            if not (isinstance(m, UnusedImport) and "noqa: F401" in lines[m.lineno - 1])]
+
+
+@pytest.mark.parametrize("folder", ["lean", ".", "tests", "tools", "bench"])
+def test_pyflakes_finds_nothing(folder):
+    # A name only a deleted part defined is an error only the stripped path would meet, at run time.
+    assert [f for path in sorted((ROOT / folder).glob("*.py")) for f in pyflakes_findings(path)] == []
+
+
+def test_pyflakes_finds_a_name_that_only_a_deleted_part_defines(tmp_path):
+    script = tmp_path / "trainer.py"
+    script.write_text(strip_optional.strip("def f(x):\n    # [optional: a]\n    y = x + 1\n    return y\n"))
+    assert [f.split(": ", 1)[1] for f in pyflakes_findings(script)] == ["undefined name 'y'"]
+
+
 # torchrun's own flags, which the launch commands in the docstrings pass to torchrun, not the script.
 LAUNCHER_FLAGS = {"--standalone", "--nproc_per_node", "--nnodes", "--max-restarts", "--rdzv-backend",
                   "--rdzv-endpoint", "--rdzv-id"}

@@ -132,7 +132,7 @@ def test_resume_is_bitwise_equal_to_an_uninterrupted_run(runs, tmp_path, stop_at
     checkpoint = torch.load(tmp_path / "checkpoints" / f"step_{stop_at:09d}.pt", weights_only=True)
     assert checkpoint["scheduler"]["last_epoch"] == stop_at
     resumed = run_full(tmp_path, *RESUME)
-    assert f"step_{stop_at:09d}.pt: epoch {stop_at // 12 + 1}, step {stop_at % 12}" in resumed.stdout
+    assert f"step_{stop_at:09d}.pt: step {stop_at % 12} of epoch {stop_at // 12 + 1}" in resumed.stdout
     assert_bitwise_equal(reference, tmp_path)
 
 
@@ -169,7 +169,7 @@ def test_a_resume_wins_over_init_from(runs, tmp_path):
     reference = runs.get("full_w2_init", "ddp_full.py", args, nproc=2)
     run_full(tmp_path, *args, "--max-steps", "7")
     resumed = run_full(tmp_path, *args)
-    assert "step_000000007.pt: epoch 1, step 7" in resumed.stdout and "weights from" not in resumed.stdout
+    assert "step_000000007.pt: step 7 of epoch 1" in resumed.stdout and "weights from" not in resumed.stdout
     assert_bitwise_equal(reference, tmp_path)
 
 

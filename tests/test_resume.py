@@ -44,10 +44,10 @@ def test_resume_mid_epoch_then_at_an_epoch_boundary_is_bitwise_equal_to_an_unint
     # Resumed mid-epoch from a copy of the checkpoint named by its path, to the end of epoch 1 ...
     shutil.copy(tmp_path / "checkpoints" / "step_000000002.pt", tmp_path.parent / "saved.pt")
     second = run_full(tmp_path, *FP16_ACCUM, "--max-steps", "3", "--resume", str(tmp_path.parent / "saved.pt"))
-    assert "saved.pt: epoch 1, step 2" in second.stdout
+    assert "saved.pt: step 2 of epoch 1" in second.stdout
     # ... then with --resume auto from the epoch boundary to the end.
     third = run_full(tmp_path, *FP16_ACCUM)
-    assert "step_000000003.pt: epoch 2, step 0" in third.stdout
+    assert "step_000000003.pt: step 0 of epoch 2" in third.stdout
     assert_bitwise_equal(reference, tmp_path)
 
 
@@ -63,9 +63,9 @@ def test_resume_of_a_batchnorm_model_is_bitwise_equal_to_an_uninterrupted_run(ru
     reference = runs.get("ddp_full_bn_accum_w2", "ddp_full.py", BATCHNORM, nproc=2)
     run_full(tmp_path, *BATCHNORM, "--max-steps", "1")
     middle = run_full(tmp_path, *BATCHNORM, "--max-steps", "2")
-    assert "step_000000001.pt: epoch 1, step 1" in middle.stdout
+    assert "step_000000001.pt: step 1 of epoch 1" in middle.stdout
     last = run_full(tmp_path, *BATCHNORM)
-    assert "step_000000002.pt: epoch 2, step 0" in last.stdout
+    assert "step_000000002.pt: step 0 of epoch 2" in last.stdout
     assert_bitwise_equal(reference, tmp_path)
 
 
@@ -97,7 +97,7 @@ def test_mid_epoch_resume_with_dropout_restores_the_random_state(runs, tmp_path)
     reference = runs.get("full_dropout_w2", "ddp_full.py", DROPOUT, nproc=2)
     run_full(tmp_path, *DROPOUT, "--max-steps", "2")
     resumed = run_full(tmp_path, *DROPOUT)
-    assert "step_000000002.pt: epoch 1, step 2" in resumed.stdout
+    assert "step_000000002.pt: step 2 of epoch 1" in resumed.stdout
     assert_bitwise_equal(reference, tmp_path)
 
 
@@ -109,7 +109,7 @@ def test_mid_epoch_resume_with_random_augmentation_is_bitwise(runs, image_tree, 
     reference = runs.get("imagefolder_w2", "ddp_full.py", args, nproc=2)
     check(launch("ddp_full.py", [*TINY, *args, "--max-steps", "2", "--out-dir", str(tmp_path)], nproc=2))
     result = check(launch("ddp_full.py", [*TINY, *args, "--out-dir", str(tmp_path)], nproc=2))
-    assert "step_000000002.pt: epoch 1, step 2" in result.stdout
+    assert "step_000000002.pt: step 2 of epoch 1" in result.stdout
     assert_bitwise_equal(reference, tmp_path)
 
 
@@ -131,7 +131,7 @@ def test_a_finished_run_started_again_says_so_and_trains_nothing(runs, tmp_path)
     shutil.copytree(runs.get("full_w2", "ddp_full.py", ARGS, nproc=2), tmp_path / "run")
     result = run_full(tmp_path / "run", *ARGS)
     assert "nothing to train: the run already completed 2 epochs; start afresh with --resume none" in result.stdout
-    assert "train_loss" not in result.stdout and "step_000000024.pt: epoch 3, step 0" in result.stdout
+    assert "train_loss" not in result.stdout and "step_000000024.pt: step 0 of epoch 3" in result.stdout
 
 
 @pytest.mark.slow

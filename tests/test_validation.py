@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import ROOT, TINY, VAL_SAMPLES, metrics, weights
+from conftest import ROOT, VAL_SAMPLES, metrics, weights
 
 VAL_LOSS_RTOL = 1e-5
 TIE_ATOL = 1e-4
@@ -47,7 +47,7 @@ def reference_logits(script, model_file, samples=VAL_SAMPLES):
     """The CNN of model_file on the script's first `samples` validation samples, in one batch of
     one process: (logits, labels)."""
     module = load_script(script)
-    images, labels = module.make_synthetic(samples, 0, "val").tensors
+    images, labels = module.make_synthetic(samples, 0, "val", 32).tensors
     model = module.SmallCNN(module.NUM_SYNTHETIC_CLASSES)
     model.load_state_dict(torch.load(model_file, map_location="cpu", weights_only=True))
     model.eval()
@@ -89,7 +89,7 @@ def test_sharded_validation_with_batchnorm_scores_the_saved_model(runs, nproc):
     import torchvision
 
     out_dir = runs.get(f"full_bn_w{nproc}", "ddp_full.py", BATCHNORM, nproc=nproc)
-    images, labels = load_script("ddp_full.py").make_synthetic(23, 0, "val").tensors
+    images, labels = load_script("ddp_full.py").make_synthetic(23, 0, "val", 32).tensors
     model = torchvision.models.resnet18(num_classes=10)
     model.load_state_dict(weights(out_dir))
     model.eval()
