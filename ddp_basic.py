@@ -52,7 +52,7 @@ OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.03, "weight_decay": 5e-4},
 def train(args):
     rank, local_rank, world_size, device = setup_distributed(args)
     configure_cuda()
-    # Rank 0 writes the results: if it cannot, every process stops now, not after training.
+    # Rank 0 writes the results: if it cannot, the run stops now, not after training.
     rank0_only(rank, prepare_out_dir, args)
     train_set, val_set, num_outputs = rank0_first(rank, build_datasets, args)
     train_loader, val_loader = build_loaders(args, train_set, val_set, device, rank, world_size)
@@ -198,9 +198,8 @@ def add_task_arguments(parser):
     parser.add_argument("--train-samples", type=int, default=None,
                         help="size of the synthetic training set, a cap on a real one "
                              f"(default: {SYNTHETIC_DEFAULTS['train']} synthetic, all real)")
-    parser.add_argument("--val-samples", type=int, default=None,
-                        help="likewise for validation "
-                             f"(default: {SYNTHETIC_DEFAULTS['val']} synthetic, all real)")
+    parser.add_argument("--val-samples", type=int, default=None, help="likewise for validation "
+                        f"(default: {SYNTHETIC_DEFAULTS['val']} synthetic, all real)")
     parser.add_argument("--image-size", type=int, default=32,
                         help="side of the synthetic images and of imagefolder's crops")
     parser.add_argument("--model", default="cnn",

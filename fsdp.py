@@ -147,7 +147,7 @@ def train(args):
     rank, local_rank, world_size, device = setup_distributed(args)
     args.accum_steps = accum_steps_for(args, world_size)  # [optional: global batch]
     configure_cuda(args, device)
-    # Every process writes its shards: if one cannot, every process stops now, not after training.
+    # Every process writes its shards: if one cannot, the run stops now, not after training.
     rank0_first(rank, prepare_out_dir, args)
     train_set, val_set, num_outputs = rank0_first(rank, build_datasets, args)
     # [optional: model check]
@@ -484,9 +484,8 @@ def add_task_arguments(parser):
     parser.add_argument("--train-samples", type=int, default=None,
                         help="size of the synthetic training set, a cap on a real one "
                              f"(default: {SYNTHETIC_DEFAULTS['train']} synthetic, all real)")
-    parser.add_argument("--val-samples", type=int, default=None,
-                        help="likewise for validation "
-                             f"(default: {SYNTHETIC_DEFAULTS['val']} synthetic, all real)")
+    parser.add_argument("--val-samples", type=int, default=None, help="likewise for validation "
+                        f"(default: {SYNTHETIC_DEFAULTS['val']} synthetic, all real)")
     parser.add_argument("--image-size", type=int, default=32,
                         help="side of the synthetic images and of imagefolder's crops")
     parser.add_argument("--model", default="cnn",
@@ -1246,8 +1245,7 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
     checkpoint = {
         # The schedule's position: without it a resumed run would warm up again from step 0.
         "scheduler": scheduler.state_dict(),
-        "scaler": scaler.state_dict(),
-        **{name: getattr(state, name) for name in SHARED_STATE},
+        "scaler": scaler.state_dict(), **{name: getattr(state, name) for name in SHARED_STATE},
         "world_size": dist.get_world_size(), "config": vars(args),
         "rank_states": gathered,
     }
@@ -1271,7 +1269,7 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
         # all nodes see one file system. Rank 0 must find every shard, or every process stops.
         rank0_only(rank, check_shards, path, "; every node must write to the same --out-dir, on a "
                    "file system all nodes see")
-        # Rank 0 writes; the others wait for its verdict: a write that fails stops all here.
+        # Rank 0 writes; the others wait for it: a write that fails stops the run here.
         rank0_only(rank, save_file, checkpoint, path / "train_state.pt")
     # [optional: full disk, atomic writes]
     except dcp.api.CheckpointException as err:
@@ -1393,11 +1391,14 @@ def agreed_checkpoint(args, world_size):
 
 def find_checkpoint(args):
     """The checkpoint to resume from and its path, or (None, None) to start afresh."""
-    if args.resume == "none":
-        return None, None
-    if args.resume != "auto":
-        return load_checkpoint(args.resume, args), args.resume
     candidates = list_checkpoints(Path(args.out_dir) / "checkpoints")
+    if args.resume != "auto":
+        checkpoint = None if args.resume == "none" else load_checkpoint(args.resume, args)
+        start = checkpoint["global_step"] if checkpoint else 0
+        if candidates and int(CHECKPOINT_NAME.match(candidates[0].name)[1]) > start:
+            raise ConfigError(f"{candidates[0]}, past this run's start (step {start}), is what a "
+                              f"restart would resume: use another --out-dir or delete later ones")
+        return checkpoint, args.resume if checkpoint else None
     reasons = []
     for path in candidates:
         try:
@@ -1408,8 +1409,7 @@ def find_checkpoint(args):
             reasons.append(str(err))
     if candidates:
         raise ConfigError(f"no usable checkpoint in {Path(args.out_dir) / 'checkpoints'} (newest: "
-                          f"{reasons[0]}); start afresh with --resume none (old checkpoints may "
-                          f"then be deleted) or another --out-dir")
+                          f"{reasons[0]}); start afresh in another --out-dir or delete them")
     return None, None
 
 
@@ -2058,8 +2058,8 @@ def log_resume(args, checkpoint_path, state):
             f"step {state.step_in_epoch} of "  # [optional: mid-epoch]
             f"epoch {state.epoch + 1}")
     if state.epoch >= args.epochs:
-        log(f"nothing to train: the run already completed {state.epoch} epochs; start afresh with "
-            f"--resume none or another --out-dir")
+        log(f"nothing to train: the run already completed {state.epoch} epochs; start afresh in "
+            f"another --out-dir")
 
 
 def log_epoch(record, epochs):

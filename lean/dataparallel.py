@@ -79,8 +79,8 @@ def train(args):
         record = epoch_record(epoch, train_totals, val_totals, val_start - epoch_start,
                               time.perf_counter() - val_start, scheduler.get_last_lr()[0])
         history.append(record)
-        write_metrics(out_dir / "metrics.jsonl", history)
         log_epoch(record, args.epochs)
+        write_metrics(out_dir / "metrics.jsonl", history)
 
     # Save the wrapped model's .module: keys without a "module." prefix load into the bare model.
     save_file(model.module.state_dict(), out_dir / "model.pt")
@@ -171,9 +171,8 @@ def add_task_arguments(parser):
     parser.add_argument("--train-samples", type=int, default=None,
                         help="size of the synthetic training set, a cap on a real one "
                              f"(default: {SYNTHETIC_DEFAULTS['train']} synthetic, all real)")
-    parser.add_argument("--val-samples", type=int, default=None,
-                        help="likewise for validation "
-                             f"(default: {SYNTHETIC_DEFAULTS['val']} synthetic, all real)")
+    parser.add_argument("--val-samples", type=int, default=None, help="likewise for validation "
+                        f"(default: {SYNTHETIC_DEFAULTS['val']} synthetic, all real)")
     parser.add_argument("--image-size", type=int, default=32,
                         help="side of the synthetic images and of imagefolder's crops")
     parser.add_argument("--model", default="cnn",

@@ -11,9 +11,9 @@ When several processes or nodes hang or fail: docs/troubleshooting.md.
 
 Each process holds a full copy of the model, reads its own shard of every epoch
 (DistributedSampler), and DDP averages the gradients across processes during backward, so every
-copy takes the same optimizer step. Only rank 0 logs and writes files (a warning comes from the
-process that meets its cause). --amp runs the forward in bf16 or fp16 (fp16 with a GradScaler);
---accum-steps K sums the gradients of K micro-batches and all-reduces them once, not K times.
+copy takes the same optimizer step. Only rank 0 logs and writes files. --amp runs the forward in
+bf16 or fp16 (fp16 with a GradScaler); --accum-steps K sums the gradients of K micro-batches and
+all-reduces them once, not K times.
 
 Every process scores a shard of the validation set with rank 0's model, and one all-reduce of
 sums gives the whole set's exact metrics. Rank 0 writes checkpoints; the same command resumes
@@ -61,7 +61,7 @@ CHECKPOINT_NAME = re.compile(r"^step_(\d+)\.pt$")
 def train(args):
     rank, local_rank, world_size, device = setup_distributed(args)
     configure_cuda(args, device)
-    # Rank 0 writes the results: if it cannot, every process stops now, not after training.
+    # Rank 0 writes the results: if it cannot, the run stops now, not after training.
     rank0_only(rank, prepare_out_dir, args)
     train_set, val_set, num_outputs = rank0_first(rank, build_datasets, args)
     train_loader, val_loader = build_loaders(args, train_set, val_set, device, rank, world_size)
@@ -277,9 +277,8 @@ def add_task_arguments(parser):
     parser.add_argument("--train-samples", type=int, default=None,
                         help="size of the synthetic training set, a cap on a real one "
                              f"(default: {SYNTHETIC_DEFAULTS['train']} synthetic, all real)")
-    parser.add_argument("--val-samples", type=int, default=None,
-                        help="likewise for validation "
-                             f"(default: {SYNTHETIC_DEFAULTS['val']} synthetic, all real)")
+    parser.add_argument("--val-samples", type=int, default=None, help="likewise for validation "
+                        f"(default: {SYNTHETIC_DEFAULTS['val']} synthetic, all real)")
     parser.add_argument("--image-size", type=int, default=32,
                         help="side of the synthetic images and of imagefolder's crops")
     parser.add_argument("--model", default="cnn",
@@ -583,14 +582,13 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
         "optimizer": optimizer.state_dict(),
         # The schedule's position: without it a resumed run would warm up again from step 0.
         "scheduler": scheduler.state_dict(),
-        "scaler": scaler.state_dict(),
-        **{name: getattr(state, name) for name in SHARED_STATE},
+        "scaler": scaler.state_dict(), **{name: getattr(state, name) for name in SHARED_STATE},
         "world_size": dist.get_world_size(), "config": vars(args),
         "rank_states": gathered,
     }
     ckpt_dir = Path(args.out_dir) / "checkpoints"
     path = ckpt_dir / f"step_{state.global_step:09d}.pt"
-    # The others wait for rank 0's verdict: a write that fails stops every process here.
+    # The others wait for rank 0: a write that fails stops the run here.
     rank0_only(rank, save_file, checkpoint, path)
     if rank == 0:
         # The lowest steps go, never the one just written (a run afresh among a longer one's).
@@ -649,11 +647,14 @@ def agreed_checkpoint(args, world_size):
 
 def find_checkpoint(args):
     """The checkpoint to resume from and its path, or (None, None) to start afresh."""
-    if args.resume == "none":
-        return None, None
-    if args.resume != "auto":
-        return load_checkpoint(args.resume, args), args.resume
     candidates = list_checkpoints(Path(args.out_dir) / "checkpoints")
+    if args.resume != "auto":
+        checkpoint = None if args.resume == "none" else load_checkpoint(args.resume, args)
+        start = checkpoint["global_step"] if checkpoint else 0
+        if candidates and int(CHECKPOINT_NAME.match(candidates[0].name)[1]) > start:
+            raise ConfigError(f"{candidates[0]}, past this run's start (step {start}), is what a "
+                              f"restart would resume: use another --out-dir or delete later ones")
+        return checkpoint, args.resume if checkpoint else None
     reasons = []
     for path in candidates:
         try:
@@ -664,8 +665,7 @@ def find_checkpoint(args):
             reasons.append(str(err))
     if candidates:
         raise ConfigError(f"no usable checkpoint in {Path(args.out_dir) / 'checkpoints'} (newest: "
-                          f"{reasons[0]}); start afresh with --resume none (old checkpoints may "
-                          f"then be deleted) or another --out-dir")
+                          f"{reasons[0]}); start afresh in another --out-dir or delete them")
     return None, None
 
 
@@ -863,8 +863,8 @@ def log_resume(args, checkpoint_path, state):
         log(f"resumed from {checkpoint_path}: "
             f"epoch {state.epoch + 1}")
     if state.epoch >= args.epochs:
-        log(f"nothing to train: the run already completed {state.epoch} epochs; start afresh with "
-            f"--resume none or another --out-dir")
+        log(f"nothing to train: the run already completed {state.epoch} epochs; start afresh in "
+            f"another --out-dir")
 
 
 def log_epoch(record, epochs):

@@ -80,7 +80,7 @@ CHECKPOINT_NAME = re.compile(r"^step_(\d+)$")
 def train(args):
     rank, local_rank, world_size, device = setup_distributed(args)
     configure_cuda(args, device)
-    # Every process writes its shards: if one cannot, every process stops now, not after training.
+    # Every process writes its shards: if one cannot, the run stops now, not after training.
     rank0_first(rank, prepare_out_dir, args)
     train_set, val_set, num_outputs = rank0_first(rank, build_datasets, args)
     train_loader, val_loader = build_loaders(args, train_set, val_set, device, rank, world_size)
@@ -320,9 +320,8 @@ def add_task_arguments(parser):
     parser.add_argument("--train-samples", type=int, default=None,
                         help="size of the synthetic training set, a cap on a real one "
                              f"(default: {SYNTHETIC_DEFAULTS['train']} synthetic, all real)")
-    parser.add_argument("--val-samples", type=int, default=None,
-                        help="likewise for validation "
-                             f"(default: {SYNTHETIC_DEFAULTS['val']} synthetic, all real)")
+    parser.add_argument("--val-samples", type=int, default=None, help="likewise for validation "
+                        f"(default: {SYNTHETIC_DEFAULTS['val']} synthetic, all real)")
     parser.add_argument("--image-size", type=int, default=32,
                         help="side of the synthetic images and of imagefolder's crops")
     parser.add_argument("--model", default="cnn",
@@ -806,8 +805,7 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
     checkpoint = {
         # The schedule's position: without it a resumed run would warm up again from step 0.
         "scheduler": scheduler.state_dict(),
-        "scaler": scaler.state_dict(),
-        **{name: getattr(state, name) for name in SHARED_STATE},
+        "scaler": scaler.state_dict(), **{name: getattr(state, name) for name in SHARED_STATE},
         "world_size": dist.get_world_size(), "config": vars(args),
         "rank_states": gathered,
     }
@@ -823,7 +821,7 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
     try:
         # Each process writes its shards, rank 0 the .metadata; it returns once all is written.
         dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=path)
-        # Rank 0 writes; the others wait for its verdict: a write that fails stops all here.
+        # Rank 0 writes; the others wait for it: a write that fails stops the run here.
         rank0_only(rank, save_file, checkpoint, path / "train_state.pt")
     except Exception:  # whatever stopped the write
         if rank == 0:
@@ -887,11 +885,14 @@ def agreed_checkpoint(args, world_size):
 
 def find_checkpoint(args):
     """The checkpoint to resume from and its path, or (None, None) to start afresh."""
-    if args.resume == "none":
-        return None, None
-    if args.resume != "auto":
-        return load_checkpoint(args.resume, args), args.resume
     candidates = list_checkpoints(Path(args.out_dir) / "checkpoints")
+    if args.resume != "auto":
+        checkpoint = None if args.resume == "none" else load_checkpoint(args.resume, args)
+        start = checkpoint["global_step"] if checkpoint else 0
+        if candidates and int(CHECKPOINT_NAME.match(candidates[0].name)[1]) > start:
+            raise ConfigError(f"{candidates[0]}, past this run's start (step {start}), is what a "
+                              f"restart would resume: use another --out-dir or delete later ones")
+        return checkpoint, args.resume if checkpoint else None
     reasons = []
     for path in candidates:
         try:
@@ -902,8 +903,7 @@ def find_checkpoint(args):
             reasons.append(str(err))
     if candidates:
         raise ConfigError(f"no usable checkpoint in {Path(args.out_dir) / 'checkpoints'} (newest: "
-                          f"{reasons[0]}); start afresh with --resume none (old checkpoints may "
-                          f"then be deleted) or another --out-dir")
+                          f"{reasons[0]}); start afresh in another --out-dir or delete them")
     return None, None
 
 
@@ -1108,8 +1108,8 @@ def log_resume(args, checkpoint_path, state):
         log(f"resumed from {checkpoint_path}: "
             f"epoch {state.epoch + 1}")
     if state.epoch >= args.epochs:
-        log(f"nothing to train: the run already completed {state.epoch} epochs; start afresh with "
-            f"--resume none or another --out-dir")
+        log(f"nothing to train: the run already completed {state.epoch} epochs; start afresh in "
+            f"another --out-dir")
 
 
 def log_epoch(record, epochs):

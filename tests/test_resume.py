@@ -130,7 +130,7 @@ def test_a_finished_run_started_again_says_so_and_trains_nothing(runs, tmp_path)
     # The Quickstart command run a second time: the newest checkpoint is the last epoch's.
     shutil.copytree(runs.get("full_w2", "ddp_full.py", ARGS, nproc=2), tmp_path / "run")
     result = run_full(tmp_path / "run", *ARGS)
-    assert "nothing to train: the run already completed 2 epochs; start afresh with --resume none" in result.stdout
+    assert "nothing to train: the run already completed 2 epochs; start afresh in another --out-dir" in result.stdout
     assert "train_loss" not in result.stdout and "step_000000024.pt: step 0 of epoch 3" in result.stdout
 
 
@@ -148,14 +148,20 @@ def test_a_run_stopped_by_max_steps_started_again_takes_no_step_more(tmp_path, s
     assert {p.name: p.stat().st_mtime_ns for p in (tmp_path / "checkpoints").iterdir()} == before
 
 
-def test_a_run_afresh_among_a_longer_runs_checkpoints_keeps_the_checkpoint_it_wrote(tmp_path, capsys):
-    # One process, in this interpreter. A's checkpoints are steps 8 and 12 (epochs 2 and 3 of 4
-    # steps); B, afresh with --resume none, writes step 4 among them: --keep-last 2 keeps it, and A's
-    # highest, not A's two with B's deleted as it is written.
-    from test_bad_input import call_main
+@pytest.mark.parametrize("script", ["ddp_full.py", pytest.param("fsdp.py", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("start", [0, 8], ids=["afresh", "from-an-older-checkpoint"])
+def test_a_run_that_starts_before_its_out_dirs_newest_checkpoint_is_one_clear_error_and_writes_nothing(
+        script, start, tmp_path, capsys):
+    # One process, in this interpreter. Run A's checkpoints are steps 4, 8 and 12 (4 steps an
+    # epoch). Run B, afresh (--resume none) or from A's step 8, would write its own among them, and
+    # its restarts (--resume auto) would go on from A's step 12: another run's weights, silently.
+    from test_bad_input import assert_one_clear_error, call_main, snapshot
 
-    args = [*TINY, "--train-samples", "64", "--batch-size", "16", "--keep-last", "2", "--out-dir", str(tmp_path)]
-    assert call_main("ddp_full.py", [*args, "--epochs", "3"], capsys).returncode == 0
-    assert call_main("ddp_full.py", [*args, "--epochs", "1", "--resume", "none"], capsys).returncode == 0
-    kept = sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*.pt"))
-    assert kept == ["step_000000004.pt", "step_000000012.pt"], kept
+    args = [*TINY, "--train-samples", "64", "--batch-size", "16", "--epochs", "3", "--out-dir", str(tmp_path)]
+    assert call_main(script, args, capsys).returncode == 0
+    before, name = snapshot(tmp_path), "step_000000012" + (".pt" if script == "ddp_full.py" else "")
+    resume = str(tmp_path / "checkpoints" / name.replace("12", "08")) if start else "none"
+    result = call_main(script, [*args, "--resume", resume], capsys)
+    assert_one_clear_error(result, script, f"{tmp_path / 'checkpoints' / name}, past this run's start (step "
+                                           f"{start}), is what a restart would resume: use another --out-dir")
+    assert snapshot(tmp_path) == before

@@ -1063,4 +1063,18 @@ PITFALLS = [
                    "test_an_epochs_last_batch_of_one_sample_per_process_is_found_before_training"],
         "mutation": ("ddp_full.py", '        batch_loss(model.train(), to_device(batch, "meta", False))\n', ""),
     },
+    {
+        "title": "A run started among a later run's checkpoints",
+        "mistake": "starting afresh (`--resume none`), or from an older checkpoint, in an --out-dir whose "
+                   "checkpoints/ holds later steps, and resuming by the newest step",
+        "symptom": "the run's first restart (torchrun's `--max-restarts`, a requeued job, the same command) "
+                   "goes on from the later checkpoint: another run's weights, schedule and history, silently",
+        "correct": "`find_checkpoint` refuses a start before the newest checkpoint there: one line naming it, "
+                   "before any step, nothing written",
+        "fix": [("ddp_full.py", "if candidates and int(CHECKPOINT_NAME.match(candidates[0].name)[1]) > start:")],
+        "guards": ["tests/test_resume.py::"
+                   "test_a_run_that_starts_before_its_out_dirs_newest_checkpoint_is_one_clear_error_and_writes_nothing"],
+        "mutation": ("ddp_full.py", "if candidates and int(CHECKPOINT_NAME.match(candidates[0].name)[1]) > start:",
+                     "if False:"),
+    },
 ]
