@@ -598,7 +598,7 @@ def setup_distributed(args):
         device = torch.device("cpu")
     # Imported now, not by torch.compile later: it would keep the group alive to an abort at exit.
     from torch.distributed.nn import functional  # noqa: F401
-    gc.freeze()  # what exists now lives to the end: the garbage collector need not walk it again
+    gc.freeze()  # what exists now lives to the end: cleanup_distributed's gc.collect() skips it
     # [optional: flight recorder]
     if device.type == "cuda":
         flight_recorder(args)  # read when the group starts: set before it

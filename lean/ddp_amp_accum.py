@@ -352,7 +352,7 @@ def setup_distributed(args):
         device = torch.device("cpu")
     # Imported now, not by torch.compile later: it would keep the group alive to an abort at exit.
     from torch.distributed.nn import functional  # noqa: F401
-    gc.freeze()  # what exists now lives to the end: the garbage collector need not walk it again
+    gc.freeze()  # what exists now lives to the end: cleanup_distributed's gc.collect() skips it
     # A collective that waits longer than this ends the job: the most one process may work alone.
     timeout = datetime.timedelta(minutes=args.timeout_min)
     # device_id binds the group to this process's GPU: nccl connects now, not at a first collective.
