@@ -260,7 +260,7 @@ def main(argv=None):
         # [optional: section check]
         check_task()
         args = parse_args(argv)
-        check_args(args)
+        check_args(args)  # [optional: value checks]
         return train(args)
     except ConfigError as err:
         # Rank 0 reports bad input, which all meet; err.rank names a process that met one alone.
@@ -848,6 +848,12 @@ def shard_model(args, model, values, device, world_size, afresh):
     mesh = device_mesh(args, device, world_size)
     policy, root_policy = precision_policies(args, model)
     units = units_of(model)  # the section's units, then the root
+    # [optional: recompute]
+    if args.compile and args.activation_checkpointing:
+        # Measured with torch 2.14: dynamo stops at the first forward ("checkpoint not implemented
+        # for ... context_fn"), a traceback from every process.
+        raise ConfigError("--compile cannot trace --activation-checkpointing's recompute (its "
+                          "context_fn, which keeps BatchNorm's statistics): use one of the two")
     for unit in units:
         # [optional: recompute]
         if args.activation_checkpointing:
@@ -1967,32 +1973,19 @@ AT_LEAST = {"epochs": 1, "batch_size": 1, "log_interval": 1, "workers": 0, "weig
 POSITIVE = ("lr", "timeout_min")  # [optional: value checks]
 
 
+# [optional: value checks]
 def check_args(args):
     """Reject settings that cannot work before any work is done."""
-    # [optional: value checks]
     for name, value in vars(args).items():
         if isinstance(value, float) and not math.isfinite(value):  # nan and inf fail no comparison
             raise ConfigError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
-    # [optional: value checks]
     for name, least in AT_LEAST.items():
         value = getattr(args, name)
         if value is not None and value < least:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least {least}, got {value}")
-    # [optional: value checks]
     for name in POSITIVE:
         if (value := getattr(args, name)) <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
-    # [optional: init-from]
-    if args.init_from not in (None, "pretrained") and not os.path.isfile(args.init_from):
-        raise ConfigError(f"--init-from {args.init_from!r}: no such file")
-    if args.resume not in ("auto", "none") and not os.path.isdir(args.resume):
-        raise ConfigError(f"--resume {args.resume!r}: no such checkpoint directory")
-    # [optional: recompute]
-    if args.compile and args.activation_checkpointing:
-        # Measured with torch 2.14: dynamo stops at the first forward ("checkpoint not implemented
-        # for ... context_fn"), a traceback from every process.
-        raise ConfigError("--compile cannot trace --activation-checkpointing's recompute (its "
-                          "context_fn, which keeps BatchNorm's statistics): use one of the two")
 
 
 # [optional: global batch]

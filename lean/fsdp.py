@@ -152,7 +152,6 @@ def train(args):
 def main(argv=None):
     try:
         args = parse_args(argv)
-        check_args(args)
         return train(args)
     except ConfigError as err:
         # Rank 0 reports bad input, which all meet; err.rank names a process that met one alone.
@@ -1060,12 +1059,6 @@ def parse_args(argv=None):
         if getattr(args, name) is None:
             setattr(args, name, value)
     return args
-
-
-def check_args(args):
-    """Reject settings that cannot work before any work is done."""
-    if args.resume not in ("auto", "none") and not os.path.isdir(args.resume):
-        raise ConfigError(f"--resume {args.resume!r}: no such checkpoint directory")
 
 
 def set_seed(seed):

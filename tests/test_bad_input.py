@@ -163,7 +163,8 @@ def test_resume_of_a_missing_checkpoint_is_one_clear_error(finished_run):
     before = snapshot(finished_run)
     result = launch("ddp_full.py", [*TINY, "--batch-size", "8", "--resume", str(finished_run / "nope.pt"),
                                     "--out-dir", str(finished_run)])
-    assert_one_clear_error(result, "ddp_full.py", "no such checkpoint file")
+    assert_one_clear_error(result, "ddp_full.py",
+                           f"checkpoint {finished_run / 'nope.pt'} cannot be read: FileNotFoundError")
     assert snapshot(finished_run) == before
 
 

@@ -168,6 +168,24 @@ def test_data_that_one_process_cannot_see_is_a_line_from_that_process(script, im
     assert stopped_together(result, 2), result.stderr
 
 
+@pytest.mark.parametrize("script", ["ddp_full.py", pytest.param("fsdp.py", marks=pytest.mark.slow)])
+def test_a_resume_checkpoint_that_one_process_cannot_see_is_a_line_naming_that_process(script, tmp_path):
+    # --resume names a checkpoint on node 0's disk alone. Checked before the process group existed,
+    # rank 1's error was its own and unsaid (rank 0 speaks for bad input that all meet); read
+    # where the processes agree on the checkpoint, it is said once, naming rank 1.
+    args = [*TINY, "--batch-size", "8", "--max-steps", "2"]
+    check(launch(script, [*args, "--out-dir", str(tmp_path / "first")], nproc=2))
+    saved = next((tmp_path / "first" / "checkpoints").glob("step_*"))
+    result = launch("tests/missing_on_one_rank.py", [str(ROOT / script), *args, "--resume", str(saved),
+                                                     "--out-dir", str(tmp_path / "second")],
+                    nproc=2, env={"MISSING_RANK": "1", "MISSING_DIR": str(saved.parent)})
+    lines = error_lines(result, script)
+    assert len(lines) == 1 and lines[0].startswith(f"{script}: error: on rank 1: checkpoint {saved} cannot be "
+                                                   "read: FileNotFoundError"), result.stderr
+    assert not script_traceback(result, script), result.stderr
+    assert stopped_together(result, 2), result.stderr
+
+
 @pytest.mark.slow  # fsdp: the first tier keeps ddp_basic's case above
 def test_an_out_dir_one_process_cannot_write_stops_fsdp_at_start_with_a_line_from_that_process(tmp_path):
     # Every process of fsdp.py writes its shards there (under DDP rank 0 alone writes): each checks.
