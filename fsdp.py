@@ -243,7 +243,7 @@ def train(args):
         # [optional: mid-epoch]
         if epoch + 1 < args.epochs and 0 < args.max_steps <= state.global_step:
             return stop_run(args, model, optimizer, scheduler, scaler, state)
-        if epoch + 1 == args.epochs or args.ckpt_epochs and (epoch + 1) % args.ckpt_epochs == 0:
+        if epoch + 1 == args.epochs or (args.ckpt_epochs and (epoch + 1) % args.ckpt_epochs == 0):
             save_checkpoint(args, model, optimizer, scheduler, scaler, state)
 
     # Every process's shards, gathered to rank 0's CPU (the whole may not fit its GPU): plain keys.
@@ -1402,8 +1402,8 @@ def find_checkpoint(args):
         checkpoint = None if args.resume == "none" else load_checkpoint(args.resume, args)
         start = checkpoint["global_step"] if checkpoint else 0
         if candidates and int(CHECKPOINT_NAME.match(candidates[0].name)[1]) > start:
-            raise ConfigError(f"{candidates[0]}, past this run's start (step {start}), is what a "
-                              f"restart would resume: use another --out-dir or delete later ones")
+            raise ConfigError(f"{candidates[0]} is later than this run's start (step {start}): "
+                              f"resume it with --resume auto, or start in another --out-dir")
         return checkpoint, args.resume if checkpoint else None
     reasons = []
     for path in candidates:

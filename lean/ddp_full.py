@@ -119,7 +119,7 @@ def train(args):
         state.loader_rng = train_loader.generator.get_state()
         log_epoch(record, args.epochs)
         rank0_only(rank, write_metrics, out_dir / "metrics.jsonl", state.history)
-        if epoch + 1 == args.epochs or args.ckpt_epochs and (epoch + 1) % args.ckpt_epochs == 0:
+        if epoch + 1 == args.epochs or (args.ckpt_epochs and (epoch + 1) % args.ckpt_epochs == 0):
             save_checkpoint(args, model, optimizer, scheduler, scaler, state)
 
     # Save the unwrapped model: its keys have no "module." prefix and load into the bare model.
@@ -651,8 +651,8 @@ def find_checkpoint(args):
         checkpoint = None if args.resume == "none" else load_checkpoint(args.resume, args)
         start = checkpoint["global_step"] if checkpoint else 0
         if candidates and int(CHECKPOINT_NAME.match(candidates[0].name)[1]) > start:
-            raise ConfigError(f"{candidates[0]}, past this run's start (step {start}), is what a "
-                              f"restart would resume: use another --out-dir or delete later ones")
+            raise ConfigError(f"{candidates[0]} is later than this run's start (step {start}): "
+                              f"resume it with --resume auto, or start in another --out-dir")
         return checkpoint, args.resume if checkpoint else None
     reasons = []
     for path in candidates:

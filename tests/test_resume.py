@@ -162,6 +162,6 @@ def test_a_run_that_starts_before_its_out_dirs_newest_checkpoint_is_one_clear_er
     before, name = snapshot(tmp_path), "step_000000012" + (".pt" if script == "ddp_full.py" else "")
     resume = str(tmp_path / "checkpoints" / name.replace("12", "08")) if start else "none"
     result = call_main(script, [*args, "--resume", resume], capsys)
-    assert_one_clear_error(result, script, f"{tmp_path / 'checkpoints' / name}, past this run's start (step "
-                                           f"{start}), is what a restart would resume: use another --out-dir")
+    assert_one_clear_error(result, script, f"{tmp_path / 'checkpoints' / name} is later than this run's start "
+                                           f"(step {start}): resume it with --resume auto, or start in another")
     assert snapshot(tmp_path) == before
