@@ -108,7 +108,7 @@ def main(argv=None):
     except ConfigError as err:
         # Rank 0 reports bad input, which all meet; err.rank names a process that met one alone.
         rank = int(os.environ.get("RANK", 0))
-        if err.rank == rank or err.rank is None and rank == 0:
+        if err.rank == rank or (err.rank is None and rank == 0):
             who = "" if err.rank is None else f"rank {err.rank}: "
             # One write: the lines of processes that print at once never run together.
             sys.stderr.write(f"{Path(__file__).name}: error: {who}{err}\n")
