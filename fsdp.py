@@ -848,12 +848,6 @@ def shard_model(args, model, values, device, world_size, afresh):
     mesh = device_mesh(args, device, world_size)
     policy, root_policy = precision_policies(args, model)
     units = units_of(model)  # the section's units, then the root
-    # [optional: recompute]
-    if args.compile and args.activation_checkpointing:
-        # Measured with torch 2.14: dynamo stops at the first forward ("checkpoint not implemented
-        # for ... context_fn"), a traceback from every process.
-        raise ConfigError("--compile cannot trace --activation-checkpointing's recompute (its "
-                          "context_fn, which keeps BatchNorm's statistics): use one of the two")
     for unit in units:
         # [optional: recompute]
         if args.activation_checkpointing:
@@ -1298,7 +1292,7 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
         shutil.rmtree(old, ignore_errors=True)
     path = final  # [optional: atomic writes]
     if rank == 0:
-        # The lowest steps go, never the one just written (a run afresh among a longer one's).
+        # The lowest steps go, never the one just written (a torn later file may rank above it).
         for old in [p for p in list_checkpoints(ckpt_dir) if p != path][args.keep_last - 1:]:
             shutil.rmtree(old)
     log(f"checkpoint {path} in {time.perf_counter() - start:.2f} s")
@@ -1960,6 +1954,12 @@ def parse_args(argv=None):
     for name, value in OPTIMIZER_DEFAULTS[args.optimizer].items():
         if getattr(args, name) is None:
             setattr(args, name, value)
+    # [optional: recompute]
+    if args.compile and args.activation_checkpointing:
+        # Measured with torch 2.14: dynamo stops at the first forward ("checkpoint not implemented
+        # for ... context_fn"), a traceback from every process.
+        raise ConfigError("--compile cannot trace --activation-checkpointing's recompute (its "
+                          "context_fn, which keeps BatchNorm's statistics): use one of the two")
     return args
 
 

@@ -590,7 +590,7 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
     # The others wait for rank 0: a write that fails stops the run here.
     rank0_only(rank, save_file, checkpoint, path)
     if rank == 0:
-        # The lowest steps go, never the one just written (a run afresh among a longer one's).
+        # The lowest steps go, never the one just written (a torn later file may rank above it).
         for old in [p for p in list_checkpoints(ckpt_dir) if p != path][args.keep_last - 1:]:
             old.unlink()
     log(f"checkpoint {path} in {time.perf_counter() - start:.2f} s")

@@ -827,7 +827,7 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
             shutil.rmtree(path, ignore_errors=True)  # a partial checkpoint is no checkpoint
         raise
     if rank == 0:
-        # The lowest steps go, never the one just written (a run afresh among a longer one's).
+        # The lowest steps go, never the one just written (a torn later file may rank above it).
         for old in [p for p in list_checkpoints(ckpt_dir) if p != path][args.keep_last - 1:]:
             shutil.rmtree(old)
     log(f"checkpoint {path} in {time.perf_counter() - start:.2f} s")
