@@ -424,7 +424,8 @@ NUM_SYNTHETIC_CLASSES = 10
 # Validation reports the mean over all samples of each of these (evaluate_batch returns sums).
 EVAL_METRICS = ("loss", "acc")
 # Settings that say where the data is, not what it is: a resumed run may change them.
-RESUME_MAY_CHANGE_TASK = ("data_dir", "download")
+RESUME_MAY_CHANGE_TASK = ("data_dir",)
+RESUME_MAY_CHANGE_TASK += ("download",)  # [optional: cifar10]
 
 
 def add_task_arguments(parser):
@@ -487,15 +488,14 @@ def build_datasets(args):
     transforms = {"train": T.Compose([*augment, T.RandomHorizontalFlip(), *to_tensor]),
                   "val": T.Compose([*resize, *to_tensor])}
     hint = "<data-dir>/train/<class>/*, <data-dir>/val/<class>/*"
+    hint = "add --download" if args.data == "cifar10" else hint  # [optional: cifar10]
     try:
-        if args.data == "imagefolder":
-            sets = [datasets.ImageFolder(os.path.join(args.data_dir, split), transforms[split])
-                    for split in ("train", "val")]
-        # [optional: cifar10]
-        if args.data == "cifar10":
-            hint = "add --download"
-            sets = [datasets.CIFAR10(args.data_dir, train=split == "train", download=args.download,
-                                     transform=transforms[split]) for split in ("train", "val")]
+        sets = [
+            datasets.CIFAR10(  # [optional: cifar10]
+                args.data_dir, split == "train", transforms[split],  # [optional: cifar10]
+                download=args.download) if args.data == "cifar10" else  # [optional: cifar10]
+            datasets.ImageFolder(os.path.join(args.data_dir, split), transforms[split])
+            for split in ("train", "val")]
     except (RuntimeError, OSError) as err:  # torchvision's errors for data it cannot find
         raise ConfigError(f"no {args.data} data in {args.data_dir!r}: {err} ({hint})") from None
     if sets[0].classes != sets[1].classes:
@@ -1031,11 +1031,12 @@ def restore(checkpoint, path, model, optimizer, scheduler, scaler, rank):
         own = rank_states[rank]
     else:
         # Another number of processes: each keeps its own random states (seed + rank).
-        own = {**rank_states[0], "rng": rng_state(), "loader_rng": None}
+        own = {"rng": rng_state(), "loader_rng": None}
         # [optional: mid-epoch]
-        # Rank 0 takes the epoch's partial sums of all processes, whole again.
-        for name in own.keys() & {"train_totals", "train_unreadable"}:
+        # Rank 0 takes the epoch's partial sums of all processes, whole again, and its own time.
+        for name in rank_states[0].keys() - own.keys():
             own[name] = sum(r[name] for r in rank_states) * (rank == 0)
+        own["train_seconds"] = rank_states[0]["train_seconds"]  # [optional: mid-epoch]
     state = TrainState(**{name: checkpoint[name] for name in SHARED_STATE}, **own)
     set_rng_state(state.rng)
     return state

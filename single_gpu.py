@@ -210,15 +210,14 @@ def build_datasets(args):
     transforms = {"train": T.Compose([*augment, T.RandomHorizontalFlip(), *to_tensor]),
                   "val": T.Compose([*resize, *to_tensor])}
     hint = "<data-dir>/train/<class>/*, <data-dir>/val/<class>/*"
+    hint = "add --download" if args.data == "cifar10" else hint  # [optional: cifar10]
     try:
-        if args.data == "imagefolder":
-            sets = [datasets.ImageFolder(os.path.join(args.data_dir, split), transforms[split])
-                    for split in ("train", "val")]
-        # [optional: cifar10]
-        if args.data == "cifar10":
-            hint = "add --download"
-            sets = [datasets.CIFAR10(args.data_dir, train=split == "train", download=args.download,
-                                     transform=transforms[split]) for split in ("train", "val")]
+        sets = [
+            datasets.CIFAR10(  # [optional: cifar10]
+                args.data_dir, split == "train", transforms[split],  # [optional: cifar10]
+                download=args.download) if args.data == "cifar10" else  # [optional: cifar10]
+            datasets.ImageFolder(os.path.join(args.data_dir, split), transforms[split])
+            for split in ("train", "val")]
     except (RuntimeError, OSError) as err:  # torchvision's errors for data it cannot find
         raise ConfigError(f"no {args.data} data in {args.data_dir!r}: {err} ({hint})") from None
     if sets[0].classes != sets[1].classes:

@@ -227,9 +227,9 @@ def build_datasets(args):
                   "val": T.Compose([*resize, *to_tensor])}
     hint = "<data-dir>/train/<class>/*, <data-dir>/val/<class>/*"
     try:
-        if args.data == "imagefolder":
-            sets = [datasets.ImageFolder(os.path.join(args.data_dir, split), transforms[split])
-                    for split in ("train", "val")]
+        sets = [
+            datasets.ImageFolder(os.path.join(args.data_dir, split), transforms[split])
+            for split in ("train", "val")]
     except (RuntimeError, OSError) as err:  # torchvision's errors for data it cannot find
         raise ConfigError(f"no {args.data} data in {args.data_dir!r}: {err} ({hint})") from None
     if sets[0].classes != sets[1].classes:

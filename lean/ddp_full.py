@@ -264,7 +264,7 @@ NUM_SYNTHETIC_CLASSES = 10
 # Validation reports the mean over all samples of each of these (evaluate_batch returns sums).
 EVAL_METRICS = ("loss", "acc")
 # Settings that say where the data is, not what it is: a resumed run may change them.
-RESUME_MAY_CHANGE_TASK = ("data_dir", "download")
+RESUME_MAY_CHANGE_TASK = ("data_dir",)
 
 
 def add_task_arguments(parser):
@@ -321,9 +321,9 @@ def build_datasets(args):
                   "val": T.Compose([*resize, *to_tensor])}
     hint = "<data-dir>/train/<class>/*, <data-dir>/val/<class>/*"
     try:
-        if args.data == "imagefolder":
-            sets = [datasets.ImageFolder(os.path.join(args.data_dir, split), transforms[split])
-                    for split in ("train", "val")]
+        sets = [
+            datasets.ImageFolder(os.path.join(args.data_dir, split), transforms[split])
+            for split in ("train", "val")]
     except (RuntimeError, OSError) as err:  # torchvision's errors for data it cannot find
         raise ConfigError(f"no {args.data} data in {args.data_dir!r}: {err} ({hint})") from None
     if sets[0].classes != sets[1].classes:
@@ -682,7 +682,7 @@ def restore(checkpoint, path, model, optimizer, scheduler, scaler, rank):
         own = rank_states[rank]
     else:
         # Another number of processes: each keeps its own random states (seed + rank).
-        own = {**rank_states[0], "rng": rng_state(), "loader_rng": None}
+        own = {"rng": rng_state(), "loader_rng": None}
     state = TrainState(**{name: checkpoint[name] for name in SHARED_STATE}, **own)
     set_rng_state(state.rng)
     return state

@@ -208,16 +208,22 @@ HOOKS = ["build_datasets", "build_model", "batch_loss", "evaluate_batch", "EVAL_
 
 
 def without(text, name):
-    """The script with the top-level definition of `name` inside its section "your data and model" removed."""
+    """The script with the top-level definition of `name` inside its section "your data and model"
+    removed, and any statement extending it (`name += ...`, as an optional part does)."""
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("# --- your data and model"))
     end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("# --- "))
+    found = []
     for node in ast.parse(text).body:
-        names = [node.name] if hasattr(node, "name") else [t.id for t in getattr(node, "targets", [])
+        targets = getattr(node, "targets", []) + [getattr(node, "target", None)]
+        names = [node.name] if hasattr(node, "name") else [t.id for t in targets
                                                             if isinstance(t, ast.Name)]
         if name in names and start < node.lineno <= end:
-            return "\n".join(lines[:node.lineno - 1] + lines[node.end_lineno:]) + "\n"
-    raise AssertionError(f"{name} is not defined in the section")
+            found.append(node)
+    assert found, f"{name} is not defined in the section"
+    for node in reversed(found):
+        lines[node.lineno - 1:node.end_lineno] = []
+    return "\n".join(lines) + "\n"
 
 
 @pytest.mark.parametrize("script,hook", [(script, hook) for script in MAPPED
