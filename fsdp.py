@@ -234,7 +234,6 @@ def train(args):
         state.history.append(record)
         # The next epoch begins: from here on a checkpoint resumes at its start.
         state.epoch, state.rng = epoch + 1, rng_state()
-        state.loader_rng = train_loader.generator.get_state()
         # [optional: mid-epoch]
         state.step_in_epoch, state.epoch_position, state.train_seconds = 0, 0, 0.0
         state.train_unreadable = 0  # [optional: unreadable files]
@@ -1166,7 +1165,7 @@ def build_optimizer(args, model):
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     if args.optimizer == "adamw":
-        # On GPUs one fused kernel updates all parameters (torch's fastest AdamW); else foreach.
+        # On GPUs one fused kernel updates all parameters (torch's fastest AdamW); on a CPU, a loop.
         return torch.optim.AdamW(groups, lr=args.lr, fused=any(p.is_cuda for p in params))
     return torch.optim.SGD(groups, lr=args.lr, momentum=MOMENTUM)
 
@@ -1206,7 +1205,6 @@ class TrainState:
     epoch_position: int = 0  # samples of the epoch's order consumed by all processes together
     # Each process's own (rank 0 gathers them):
     rng: dict = None  # Python's and torch's random states
-    loader_rng: torch.Tensor = None  # the data loader's generator as the epoch began
     train_totals: torch.Tensor = None  # [optional: mid-epoch]
     train_seconds: float = 0.0  # [optional: mid-epoch]
     train_unreadable: int = 0  # [optional: unreadable files]
@@ -1214,7 +1212,7 @@ class TrainState:
 
 SHARED_STATE = ("epoch", "global_step", "history")
 SHARED_STATE += ("step_in_epoch", "epoch_position")  # [optional: mid-epoch]
-PER_PROCESS_STATE = ("rng", "loader_rng")
+PER_PROCESS_STATE = ("rng",)
 PER_PROCESS_STATE += ("train_totals", "train_seconds")  # [optional: mid-epoch]
 PER_PROCESS_STATE += ("train_unreadable",)  # [optional: unreadable files]
 
@@ -1435,7 +1433,7 @@ def restore(checkpoint, path, model, optimizer, scheduler, scaler, rank):
         own = rank_states[rank]
     else:
         # Another number of processes: each keeps its own random states (seed + rank).
-        own = {"rng": rng_state(), "loader_rng": None}
+        own = {"rng": rng_state()}
         # [optional: mid-epoch]
         # Rank 0 takes the epoch's partial sums of all processes, whole again, and its own time.
         for name in rank_states[0].keys() - own.keys():
@@ -1467,10 +1465,8 @@ def start_or_resume(args, checkpoint, path, model, optimizer, scheduler, scaler,
                     rank):
     """The TrainState to start from: a fresh one, or the checkpoint's with all it holds restored."""
     if checkpoint is None:
-        return TrainState(rng=rng_state(), loader_rng=train_loader.generator.get_state())
+        return TrainState(rng=rng_state())
     state = restore(checkpoint, path, model, optimizer, scheduler, scaler, rank)
-    if state.loader_rng is not None:  # None: its own (seed + rank), as it starts
-        train_loader.generator.set_state(state.loader_rng)
     if checkpoint["world_size"] != dist.get_world_size():
         # Another number of processes: the schedule goes on from the same fraction of the run.
         steps_per_epoch = math.ceil(len(train_loader) / args.accum_steps)

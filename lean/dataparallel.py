@@ -324,7 +324,7 @@ def build_optimizer(args, model):
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     if args.optimizer == "adamw":
-        # On GPUs one fused kernel updates all parameters (torch's fastest AdamW); else foreach.
+        # On GPUs one fused kernel updates all parameters (torch's fastest AdamW); on a CPU, a loop.
         return torch.optim.AdamW(groups, lr=args.lr, fused=any(p.is_cuda for p in params))
     return torch.optim.SGD(groups, lr=args.lr, momentum=MOMENTUM)
 

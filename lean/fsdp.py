@@ -135,7 +135,6 @@ def train(args):
         state.history.append(record)
         # The next epoch begins: from here on a checkpoint resumes at its start.
         state.epoch, state.rng = epoch + 1, rng_state()
-        state.loader_rng = train_loader.generator.get_state()
         log_epoch(record, args.epochs)
         rank0_only(rank, write_metrics, out_dir / "metrics.jsonl", state.history)
         if epoch + 1 == args.epochs or (args.ckpt_epochs and (epoch + 1) % args.ckpt_epochs == 0):
@@ -738,7 +737,7 @@ def build_optimizer(args, model):
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": args.weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     if args.optimizer == "adamw":
-        # On GPUs one fused kernel updates all parameters (torch's fastest AdamW); else foreach.
+        # On GPUs one fused kernel updates all parameters (torch's fastest AdamW); on a CPU, a loop.
         return torch.optim.AdamW(groups, lr=args.lr, fused=any(p.is_cuda for p in params))
     return torch.optim.SGD(groups, lr=args.lr, momentum=MOMENTUM)
 
@@ -772,11 +771,10 @@ class TrainState:
     history: list = dataclasses.field(default_factory=list)  # one metrics record per epoch done
     # Each process's own (rank 0 gathers them):
     rng: dict = None  # Python's and torch's random states
-    loader_rng: torch.Tensor = None  # the data loader's generator as the epoch began
 
 
 SHARED_STATE = ("epoch", "global_step", "history")
-PER_PROCESS_STATE = ("rng", "loader_rng")
+PER_PROCESS_STATE = ("rng",)
 
 
 def rng_state():
@@ -925,7 +923,7 @@ def restore(checkpoint, path, model, optimizer, scheduler, scaler, rank):
         own = rank_states[rank]
     else:
         # Another number of processes: each keeps its own random states (seed + rank).
-        own = {"rng": rng_state(), "loader_rng": None}
+        own = {"rng": rng_state()}
     state = TrainState(**{name: checkpoint[name] for name in SHARED_STATE}, **own)
     set_rng_state(state.rng)
     return state
@@ -939,10 +937,8 @@ def start_or_resume(args, checkpoint, path, model, optimizer, scheduler, scaler,
                     rank):
     """The TrainState to start from: a fresh one, or the checkpoint's with all it holds restored."""
     if checkpoint is None:
-        return TrainState(rng=rng_state(), loader_rng=train_loader.generator.get_state())
+        return TrainState(rng=rng_state())
     state = restore(checkpoint, path, model, optimizer, scheduler, scaler, rank)
-    if state.loader_rng is not None:  # None: its own (seed + rank), as it starts
-        train_loader.generator.set_state(state.loader_rng)
     if checkpoint["world_size"] != dist.get_world_size():
         # Another number of processes: the schedule goes on from the same fraction of the run.
         steps_per_epoch = math.ceil(len(train_loader) / args.accum_steps)

@@ -49,7 +49,6 @@ def test_a_checkpoint_restores_onto_another_device_than_the_cpu(runs, monkeypatc
         warnings.simplefilter("ignore")  # "copying from a non-meta parameter ... is a no-op"
         state = module.restore(checkpoint, path, model, optimizer, scheduler, scaler, rank=1)
         assert torch.equal(torch.get_rng_state(), checkpoint["rank_states"][1]["rng"]["torch"])
-    torch.Generator().set_state(state.loader_rng)  # the data loader's generator: CPU bytes too
     # The epoch's partial sums stay as loaded: train_one_epoch adds them, .to(device), to its own.
     assert state.train_totals.device == torch.device("cpu")
     assert optimizer.state[model.classifier.weight]["momentum_buffer"].device == meta
