@@ -678,7 +678,7 @@ def stop_if_any_failed(rank, result):
 
 
 def cleanup_distributed():
-    """Leave the process group, the DDP model collected first: alive, it can abort gloo at exit."""
+    """Collect the DDP model, then leave the process group: else gloo may abort (pytorch#179291)."""
     # [optional: preemption, mid-epoch]
     PREEMPTION.close()
     gc.collect()

@@ -759,7 +759,7 @@ def release_device_meshes():
 
 
 def cleanup_distributed():
-    """Leave the process group, the model and DTensor's caches freed first: they can abort gloo."""
+    """Free the model and DTensor's caches, then the group: else gloo may abort (pytorch#179291)."""
     # [optional: preemption, mid-epoch]
     PREEMPTION.close()
     release_device_meshes()

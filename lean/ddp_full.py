@@ -438,7 +438,7 @@ def rank0_first(rank, function, *args, turns=None):
 
 
 def cleanup_distributed():
-    """Leave the process group, the DDP model collected first: alive, it can abort gloo at exit."""
+    """Collect the DDP model, then leave the process group: else gloo may abort (pytorch#179291)."""
     gc.collect()
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -517,7 +517,7 @@ def release_device_meshes():
 
 
 def cleanup_distributed():
-    """Leave the process group, the model and DTensor's caches freed first: they can abort gloo."""
+    """Free the model and DTensor's caches, then the group: else gloo may abort (pytorch#179291)."""
     release_device_meshes()
     gc.collect()
     if dist.is_initialized():
