@@ -2,11 +2,10 @@
 
     torchrun --standalone --nproc_per_node=4 ddp_full.py
     python ddp_full.py                                          # a world of one process
-    # N nodes of 4 GPUs: the same command on each, one --out-dir that every node sees
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes=N --nproc_per_node=4 \
-        --rdzv-backend=c10d --rdzv-endpoint=FIRST_NODE:29500 --rdzv-id=JOB_ID \
-        --max-restarts=3 ddp_full.py --out-dir /shared/run      # restarts resume by themselves
-    (unset, a restart often fails on stale keys of the reused rendezvous store: pytorch#135712)
+        --rdzv-backend=c10d --rdzv-endpoint=FIRST_NODE:29500 --rdzv-id=JOB_ID --max-restarts=3 \
+        ddp_full.py --out-dir /shared/run    # on each of N nodes; a restart resumes by itself
+    (without the variable, restarts often fail on stale rendezvous keys: pytorch#135712)
     # [optional: legacy launcher]
     python -m torch.distributed.launch --nproc_per_node=4 ddp_full.py   # the legacy launcher
 
@@ -21,9 +20,11 @@ all-reduces them once, not K times.
 
 Every process scores a shard of the validation set with rank 0's model, and one all-reduce of
 sums gives the whole set's exact metrics. Rank 0 writes checkpoints; the same command resumes
-from the newest readable one (--resume auto) and ends bitwise identical to a run never
-stopped, where data-loader workers draw no random augmentation and GPU kernels are deterministic.
-On another number of processes a resume goes on from the same sample and point of the schedule.
+from the newest readable one (--resume auto) and ends bitwise identical to a run never stopped
+on 1 or 2 processes, where loader workers draw no random augmentation and GPU kernels are
+deterministic. Any number of processes can resume it, at the same sample and schedule point.
+# [optional: primed buckets]
+On 3 or more processes too: a throwaway step first has DDP sum in the buckets the run had.
 # [optional: seeded samples]
 Where they do too: augmentation is seeded per sample, the same in any worker, after any resume.
 # [optional: preemption, mid-epoch]
@@ -54,6 +55,7 @@ shows to train the same weights, resume bitwise and validate exactly. What each 
     constant lr       --lr-schedule constant: --lr throughout, no warm-up
     atomic writes     the old file kept whole, not half a new one, when a write is cut short
     global batch      --global-batch-size: the global batch kept on any number of processes
+    primed buckets    a resume on 3+ processes bitwise too (DDP re-buckets after a run's first step)
 """
 import argparse
 import contextlib
@@ -159,7 +161,7 @@ def train(args):
     # The weights came from the same seed everywhere; from here on each process draws its own
     # random numbers (dropout, augmentation), or all of them would repeat one draw.
     set_seed(args.seed + rank)
-    state = start_or_resume(args, checkpoint, checkpoint_path, model.module, optimizer, scheduler,
+    state = start_or_resume(args, checkpoint, checkpoint_path, model, optimizer, scheduler,
                             scaler, train_loader, rank)
     del checkpoint  # its tensors are copied into the model and the optimizer: free the memory
     # [optional: init-from]
@@ -816,10 +818,9 @@ class ResumableSampler(DistributedSampler):
         self.start = start
 
     def __iter__(self):
-        # The order of (seed, epoch), dealt as DistributedSampler deals it: every num_replicas-th
-        # sample from position rank, padded with the order's first until it divides evenly. On as
-        # many processes as before this is the tail of its own dealing; on another number, the
-        # rest dealt afresh: each sample not yet trained on, once.
+        # The order of (seed, epoch) dealt as DistributedSampler deals it: every num_replicas-th
+        # sample from position rank, padded with the order's first until it divides. On as many
+        # processes as before, its own dealing's tail; on another, the rest afresh, each once.
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         order = torch.randperm(len(self.dataset), generator=generator).tolist()
         rest = order[self.start:]
@@ -945,9 +946,8 @@ def list_checkpoints(ckpt_dir):
 def load_checkpoint(path, args):
     """Read and check a checkpoint; anything wrong with it is a ConfigError naming the file."""
     try:
-        # To the CPU, whatever the device: random states must stay CPU tensors (set_rng_state
-        # takes no other), and load_state_dict copies weights and optimizer state to the model's.
-        # weights_only: tensors and plain containers only, so loading a file runs no code from it.
+        # To the CPU: random states must stay CPU tensors, and load_state_dict copies the rest to
+        # the model's device. weights_only: tensors and plain containers, so the file runs no code.
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # weights_only runs nothing from the file: what fails is the file
         reason = f"{type(err).__name__} {(str(err).strip().splitlines() or [''])[0]}"
@@ -1064,7 +1064,16 @@ def start_or_resume(args, checkpoint, path, model, optimizer, scheduler, scaler,
     """The TrainState to start from: a fresh one, or the checkpoint's with all it holds restored."""
     if checkpoint is None:
         return TrainState(rng=rng_state())
-    state = restore(checkpoint, path, model, optimizer, scheduler, scaler, rank)
+    # [optional: primed buckets]
+    if dist.get_world_size() > 2:  # DDP re-buckets after a first step: one thrown away here
+        device, batch = next(model.parameters()).device, next(iter(train_loader))
+        batch = batch[0]  # [optional: unreadable files]
+        batch = to_device(batch, device, args.channels_last)
+        with autocast(args, device):
+            loss, _ = batch_loss(model, batch)
+        loss.backward()
+        model.zero_grad(set_to_none=True)  # the restore below undoes the rest (BatchNorm, RNG)
+    state = restore(checkpoint, path, model.module, optimizer, scheduler, scaler, rank)
     if checkpoint["world_size"] != dist.get_world_size():
         # Another number of processes: the schedule goes on from the same fraction of the run.
         steps_per_epoch = math.ceil(len(train_loader) / args.accum_steps)
@@ -1076,8 +1085,7 @@ def start_or_resume(args, checkpoint, path, model, optimizer, scheduler, scaler,
         was = checkpoint["world_size"] * checkpoint["config"]["accum_steps"] * args.batch_size
         log(f"written by {checkpoint['world_size']} processes, resumed by {dist.get_world_size()}: "
             f"global batch {was} -> {args.batch_size * args.accum_steps * dist.get_world_size()}; "
-            f"fresh random states (dropout), rank 0's BatchNorm statistics: per-process state "
-            f"stays behind")
+            f"fresh random states (dropout), rank 0's BatchNorm statistics: the rest stays behind")
     return state
 
 

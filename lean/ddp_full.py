@@ -2,11 +2,10 @@
 
     torchrun --standalone --nproc_per_node=4 ddp_full.py
     python ddp_full.py                                          # a world of one process
-    # N nodes of 4 GPUs: the same command on each, one --out-dir that every node sees
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes=N --nproc_per_node=4 \
-        --rdzv-backend=c10d --rdzv-endpoint=FIRST_NODE:29500 --rdzv-id=JOB_ID \
-        --max-restarts=3 ddp_full.py --out-dir /shared/run      # restarts resume by themselves
-    (unset, a restart often fails on stale keys of the reused rendezvous store: pytorch#135712)
+        --rdzv-backend=c10d --rdzv-endpoint=FIRST_NODE:29500 --rdzv-id=JOB_ID --max-restarts=3 \
+        ddp_full.py --out-dir /shared/run    # on each of N nodes; a restart resumes by itself
+    (without the variable, restarts often fail on stale rendezvous keys: pytorch#135712)
 
 To train something else, edit the section "your data and model" and nothing else.
 When several processes or nodes hang or fail: docs/troubleshooting.md.
@@ -19,9 +18,9 @@ all-reduces them once, not K times.
 
 Every process scores a shard of the validation set with rank 0's model, and one all-reduce of
 sums gives the whole set's exact metrics. Rank 0 writes checkpoints; the same command resumes
-from the newest readable one (--resume auto) and ends bitwise identical to a run never
-stopped, where data-loader workers draw no random augmentation and GPU kernels are deterministic.
-On another number of processes a resume goes on from the same sample and point of the schedule.
+from the newest readable one (--resume auto) and ends bitwise identical to a run never stopped
+on 1 or 2 processes, where loader workers draw no random augmentation and GPU kernels are
+deterministic. Any number of processes can resume it, at the same sample and schedule point.
 """
 import argparse
 import contextlib
@@ -90,7 +89,7 @@ def train(args):
     # The weights came from the same seed everywhere; from here on each process draws its own
     # random numbers (dropout, augmentation), or all of them would repeat one draw.
     set_seed(args.seed + rank)
-    state = start_or_resume(args, checkpoint, checkpoint_path, model.module, optimizer, scheduler,
+    state = start_or_resume(args, checkpoint, checkpoint_path, model, optimizer, scheduler,
                             scaler, train_loader, rank)
     del checkpoint  # its tensors are copied into the model and the optimizer: free the memory
     log(f"process group {dist.get_backend()} | {world_size} processes | "
@@ -606,9 +605,8 @@ def list_checkpoints(ckpt_dir):
 def load_checkpoint(path, args):
     """Read and check a checkpoint; anything wrong with it is a ConfigError naming the file."""
     try:
-        # To the CPU, whatever the device: random states must stay CPU tensors (set_rng_state
-        # takes no other), and load_state_dict copies weights and optimizer state to the model's.
-        # weights_only: tensors and plain containers only, so loading a file runs no code from it.
+        # To the CPU: random states must stay CPU tensors, and load_state_dict copies the rest to
+        # the model's device. weights_only: tensors and plain containers, so the file runs no code.
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # weights_only runs nothing from the file: what fails is the file
         reason = f"{type(err).__name__} {(str(err).strip().splitlines() or [''])[0]}"
@@ -697,7 +695,7 @@ def start_or_resume(args, checkpoint, path, model, optimizer, scheduler, scaler,
     """The TrainState to start from: a fresh one, or the checkpoint's with all it holds restored."""
     if checkpoint is None:
         return TrainState(rng=rng_state())
-    state = restore(checkpoint, path, model, optimizer, scheduler, scaler, rank)
+    state = restore(checkpoint, path, model.module, optimizer, scheduler, scaler, rank)
     if checkpoint["world_size"] != dist.get_world_size():
         # Another number of processes: the schedule goes on from the same fraction of the run.
         steps_per_epoch = math.ceil(len(train_loader) / args.accum_steps)
@@ -706,8 +704,7 @@ def start_or_resume(args, checkpoint, path, model, optimizer, scheduler, scaler,
         was = checkpoint["world_size"] * checkpoint["config"]["accum_steps"] * args.batch_size
         log(f"written by {checkpoint['world_size']} processes, resumed by {dist.get_world_size()}: "
             f"global batch {was} -> {args.batch_size * args.accum_steps * dist.get_world_size()}; "
-            f"fresh random states (dropout), rank 0's BatchNorm statistics: per-process state "
-            f"stays behind")
+            f"fresh random states (dropout), rank 0's BatchNorm statistics: the rest stays behind")
     return state
 
 

@@ -841,9 +841,8 @@ def list_checkpoints(ckpt_dir):
 def load_checkpoint(path, args):
     """Read and check a checkpoint; anything wrong with it is a ConfigError naming the file."""
     try:
-        # To the CPU, whatever the device: random states must stay CPU tensors (set_rng_state
-        # takes no other), and load_state_dict copies optimizer state to the model's device.
-        # weights_only: tensors and plain containers only, so loading a file runs no code from it.
+        # To the CPU: random states must stay CPU tensors; load_state_dict copies the optimizer's
+        # state to the model's device. weights_only: tensors and plain containers: it runs no code.
         checkpoint = torch.load(Path(path) / "train_state.pt", map_location="cpu",
                                 weights_only=True)
     except Exception as err:  # weights_only runs nothing from the file: what fails is the file
@@ -947,8 +946,7 @@ def start_or_resume(args, checkpoint, path, model, optimizer, scheduler, scaler,
         was = checkpoint["world_size"] * checkpoint["config"]["accum_steps"] * args.batch_size
         log(f"written by {checkpoint['world_size']} processes, resumed by {dist.get_world_size()}: "
             f"global batch {was} -> {args.batch_size * args.accum_steps * dist.get_world_size()}; "
-            f"fresh random states (dropout), rank 0's BatchNorm statistics: per-process state "
-            f"stays behind")
+            f"fresh random states (dropout), rank 0's BatchNorm statistics: the rest stays behind")
     return state
 
 

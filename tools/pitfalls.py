@@ -1077,4 +1077,17 @@ PITFALLS = [
         "mutation": ("ddp_full.py", "if candidates and int(CHECKPOINT_NAME.match(candidates[0].name)[1]) > start:",
                      "if False:"),
     },
+    {
+        "title": "A resume's first step in DDP's first-step bucket",
+        "mistake": "resuming a DDP run on 3 or more processes as it stands: DDP all-reduces a run's first "
+                   "step in one bucket of every gradient and re-buckets them after it, in backward's order",
+        "symptom": "the resumed run's first step sums the gradients in another order than the run it resumes "
+                   "did at that step, rounds otherwise, and drifts from it (bitwise on 2 processes only)",
+        "correct": "a resume on 3 or more processes takes one throwaway step first, undone by the restore, so "
+                   "every real step all-reduces in the buckets the run had",
+        "fix": [("ddp_full.py", "if dist.get_world_size() > 2:  # DDP re-buckets after a first step")],
+        "guards": ["tests/test_resume.py::test_resume_on_three_processes_is_bitwise_equal_to_an_uninterrupted_run"],
+        "mutation": ("ddp_full.py", "if dist.get_world_size() > 2:  # DDP re-buckets after a first step",
+                     "if False:  # DDP re-buckets after a first step"),
+    },
 ]
