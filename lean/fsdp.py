@@ -1013,7 +1013,7 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0, help="seeds the model, data and shuffle")
     parser.add_argument("--workers", type=int, default=None,
                         help="data loader processes (default: none for tensors in memory; for "
-                             "files, one per CPU but one, 1 to 8)")
+                             "files, a process's CPUs but one, 1 to 8)")
     parser.add_argument("--out-dir", default=None, help="output folder (default: runs/<script>)")
     parser.add_argument("--log-interval", type=int, default=20,
                         help="optimizer steps between progress lines")
