@@ -12,7 +12,7 @@ Each process holds a full copy of the model, reads its own shard of every epoch
 (DistributedSampler), and DDP averages the gradients across processes during backward, so every
 copy takes the same optimizer step. Only rank 0 logs and writes files.
 --amp runs the forward in bf16 or fp16 (with a GradScaler), channels-last on GPUs; --accum-steps K
-sums K micro-batches' gradients, all-reduced once. Its defaults train exactly as ddp_basic.py.
+averages K micro-batches' gradients, all-reduced once. Its defaults train exactly as ddp_basic.py.
 
 A copier's map: what deleting each "# [optional: NAME]" gives up (lean/ddp_amp_accum.py: all).
     help formatter    --help stating each flag's default
@@ -172,8 +172,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, e
         # scale; without a scaler (none, bf16) they are a plain optimizer.step() and nothing.
         scaler.step(optimizer)
         scaler.update()
-        # The rate this step used, for the progress line; then the schedule moves one step on:
-        # once per optimizer step, not per micro-batch.
+        # The rate this step used, for the progress line; then one schedule step per optimizer step.
         lr = scheduler.get_last_lr()[0]
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)

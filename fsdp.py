@@ -27,7 +27,7 @@ memory: the others build only its shapes (the meta device) and receive their sha
 
 --amp bf16 keeps the shards in float32 and gathers them in bf16 for compute, with gradients
 reduced in float32 (fp16 adds a GradScaler); a model with BatchNorm gathers them in float32 and
-runs under autocast, as ddp_full.py does; --accum-steps K sums the gradients of K
+runs under autocast, as ddp_full.py does; --accum-steps K averages the gradients of K
 micro-batches, reduce-scattering each one's.
 # [optional: recompute]
 --activation-checkpointing keeps no activations inside a block for backward, which recomputes them.
@@ -183,7 +183,7 @@ def train(args):
     set_seed(args.seed + rank)
     state = start_or_resume(args, checkpoint, checkpoint_path, model, optimizer, scheduler,
                             scaler, train_loader, rank)
-    del checkpoint  # its tensors are copied into the model and the optimizer: free the memory
+    del checkpoint  # all it holds is restored now: free its memory
     # [optional: init-from]
     if args.init_from and checkpoint_path is None:
         # The starting weights' score, what fine-tuning must improve on: epoch 0 in metrics.jsonl.
@@ -335,8 +335,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
         # scale; without a scaler (none, bf16) they are a plain optimizer.step() and nothing.
         scaler.step(optimizer)
         scaler.update()
-        # The rate this step used, for the progress line; then the schedule moves one step on:
-        # once per optimizer step, not per micro-batch.
+        # The rate this step used, for the progress line; then one schedule step per optimizer step.
         lr = scheduler.get_last_lr()[0]
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
@@ -1192,8 +1191,7 @@ def build_scheduler(args, optimizer, steps_per_epoch):
 
 @dataclasses.dataclass
 class TrainState:
-    """Where the run stands as of its last optimizer step: what a checkpoint holds besides the
-    model, the optimizer, the schedule and the GradScaler."""
+    """Where the run stands at its last optimizer step, kept beside the model and the optimizer."""
 
     # The same on every process:
     epoch: int = 0  # the epoch under way; those before it are done, validation included
@@ -1233,8 +1231,7 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
     """Write everything an exact resume needs; every process writes its own shards, in parallel,
     and rank 0 the rest."""
     start, rank = time.perf_counter(), dist.get_rank()
-    # Each process draws its own random numbers: rank 0 gathers every process's own state, and a
-    # resume on as many processes gives each back to the process of the same rank.
+    # Each process's own random states: rank 0 gathers them, a resume on as many gives each back.
     per_process = {name: getattr(state, name) for name in PER_PROCESS_STATE}
     per_process["train_totals"] = state.train_totals.cpu()  # [optional: mid-epoch]
     gathered = [None] * dist.get_world_size() if rank == 0 else None
@@ -1346,7 +1343,9 @@ def load_checkpoint(path, args):
     except Exception as err:  # weights_only runs nothing from the file: what fails is the file
         reason = f"{type(err).__name__} {(str(err).strip().splitlines() or [''])[0]}"
         raise ConfigError(f"checkpoint {path} cannot be read: {reason}") from None
-    if not isinstance(checkpoint, dict) or not {"rank_states", *SHARED_STATE} <= checkpoint.keys():
+    keys = {"scheduler", "scaler", "world_size", "config", "rank_states", *SHARED_STATE}
+    if not isinstance(checkpoint, dict) or not keys <= checkpoint.keys() or any(
+            set(states) != set(PER_PROCESS_STATE) for states in checkpoint["rank_states"]):
         raise ConfigError(f"checkpoint {path} was not written by this script (or this version)")
     check_shards(path)  # [optional: shard check]
     settings, saved = vars(args), checkpoint["config"]
@@ -1920,7 +1919,8 @@ def parse_args(argv=None):
                              "keeps the gathers within each node; 1: shard over all")
     parser.add_argument("--resume", default="auto",
                         help="auto: the newest readable checkpoint in <out-dir>/checkpoints, if "
-                             "any; none: start afresh; or the path of a checkpoint")
+                             "any; none: start afresh; or the path of a checkpoint (none and a "
+                             "path refuse an --out-dir holding later checkpoints)")
     parser.add_argument("--ckpt-epochs", type=int, default=1,
                         help="checkpoint every this many epochs and after the last; 0: the last")
     parser.add_argument("--keep-last", type=int, default=3, help="checkpoints kept; older go")

@@ -13,7 +13,7 @@ When several processes or nodes hang or fail: docs/troubleshooting.md.
 Each process holds a full copy of the model, reads its own shard of every epoch
 (DistributedSampler), and DDP averages the gradients across processes during backward, so every
 copy takes the same optimizer step. Only rank 0 logs and writes files. --amp runs the forward in
-bf16 or fp16 (fp16 with a GradScaler); --accum-steps K sums the gradients of K micro-batches and
+bf16 or fp16 (fp16 with a GradScaler); --accum-steps K averages the gradients of K micro-batches and
 all-reduces them once, not K times.
 
 Every process scores a shard of the validation set with rank 0's model, and one all-reduce of
@@ -91,7 +91,7 @@ def train(args):
     set_seed(args.seed + rank)
     state = start_or_resume(args, checkpoint, checkpoint_path, model, optimizer, scheduler,
                             scaler, train_loader, rank)
-    del checkpoint  # its tensors are copied into the model and the optimizer: free the memory
+    del checkpoint  # all it holds is restored now: free its memory
     log(f"process group {dist.get_backend()} | {world_size} processes | "
         f"timeout {args.timeout_min:g} min")
     log(f"global batch {args.batch_size * world_size * args.accum_steps} = {args.batch_size} per "
@@ -187,8 +187,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
         # scale; without a scaler (none, bf16) they are a plain optimizer.step() and nothing.
         scaler.step(optimizer)
         scaler.update()
-        # The rate this step used, for the progress line; then the schedule moves one step on:
-        # once per optimizer step, not per micro-batch.
+        # The rate this step used, for the progress line; then one schedule step per optimizer step.
         lr = scheduler.get_last_lr()[0]
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
@@ -538,8 +537,7 @@ def build_scheduler(args, optimizer, steps_per_epoch):
 
 @dataclasses.dataclass
 class TrainState:
-    """Where the run stands as of its last optimizer step: what a checkpoint holds besides the
-    model, the optimizer, the schedule and the GradScaler."""
+    """Where the run stands at its last optimizer step, kept beside the model and the optimizer."""
 
     # The same on every process:
     epoch: int = 0  # the epoch under way; those before it are done, validation included
@@ -569,8 +567,7 @@ def set_rng_state(state):
 def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
     """Write everything an exact resume needs; every process calls this, rank 0 writes the file."""
     start, rank = time.perf_counter(), dist.get_rank()
-    # Each process draws its own random numbers: rank 0 gathers every process's own state, and a
-    # resume gives each back to the process of the same rank.
+    # Each process's own random states: rank 0 gathers them, a resume on as many gives each back.
     per_process = {name: getattr(state, name) for name in PER_PROCESS_STATE}
     gathered = [None] * dist.get_world_size() if rank == 0 else None
     dist.gather_object(per_process, gathered, dst=0)
@@ -611,7 +608,9 @@ def load_checkpoint(path, args):
     except Exception as err:  # weights_only runs nothing from the file: what fails is the file
         reason = f"{type(err).__name__} {(str(err).strip().splitlines() or [''])[0]}"
         raise ConfigError(f"checkpoint {path} cannot be read: {reason}") from None
-    if not isinstance(checkpoint, dict) or not {"rank_states", *SHARED_STATE} <= checkpoint.keys():
+    keys = {"scheduler", "scaler", "world_size", "config", "rank_states", *SHARED_STATE}
+    if not isinstance(checkpoint, dict) or not keys <= checkpoint.keys() or any(
+            set(states) != set(PER_PROCESS_STATE) for states in checkpoint["rank_states"]):
         raise ConfigError(f"checkpoint {path} was not written by this script (or this version)")
     settings, saved = vars(args), checkpoint["config"]
     may_change = RESUME_MAY_CHANGE + RESUME_MAY_CHANGE_TASK
@@ -793,7 +792,8 @@ def parse_args(argv=None):
                         help="clip the global gradient norm to this value; 0 turns clipping off")
     parser.add_argument("--resume", default="auto",
                         help="auto: the newest readable checkpoint in <out-dir>/checkpoints, if "
-                             "any; none: start afresh; or the path of a checkpoint")
+                             "any; none: start afresh; or the path of a checkpoint (none and a "
+                             "path refuse an --out-dir holding later checkpoints)")
     parser.add_argument("--ckpt-epochs", type=int, default=1,
                         help="checkpoint every this many epochs and after the last; 0: the last")
     parser.add_argument("--keep-last", type=int, default=3, help="checkpoints kept; older go")

@@ -22,7 +22,7 @@ memory: the others build only its shapes (the meta device) and receive their sha
 
 --amp bf16 keeps the shards in float32 and gathers them in bf16 for compute, with gradients
 reduced in float32 (fp16 adds a GradScaler); a model with BatchNorm gathers them in float32 and
-runs under autocast, as ddp_full.py does; --accum-steps K sums the gradients of K
+runs under autocast, as ddp_full.py does; --accum-steps K averages the gradients of K
 micro-batches, reduce-scattering each one's.
 
 Validation, checkpoints and resume are ddp_full.py's, sharded: every process writes its own shard
@@ -107,7 +107,7 @@ def train(args):
     set_seed(args.seed + rank)
     state = start_or_resume(args, checkpoint, checkpoint_path, model, optimizer, scheduler,
                             scaler, train_loader, rank)
-    del checkpoint  # its tensors are copied into the model and the optimizer: free the memory
+    del checkpoint  # all it holds is restored now: free its memory
     log(f"process group {dist.get_backend()} | {world_size} processes | "
         f"timeout {args.timeout_min:g} min")
     local, whole = shard_sizes(model)
@@ -207,8 +207,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
         # scale; without a scaler (none, bf16) they are a plain optimizer.step() and nothing.
         scaler.step(optimizer)
         scaler.update()
-        # The rate this step used, for the progress line; then the schedule moves one step on:
-        # once per optimizer step, not per micro-batch.
+        # The rate this step used, for the progress line; then one schedule step per optimizer step.
         lr = scheduler.get_last_lr()[0]
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
@@ -762,8 +761,7 @@ def build_scheduler(args, optimizer, steps_per_epoch):
 
 @dataclasses.dataclass
 class TrainState:
-    """Where the run stands as of its last optimizer step: what a checkpoint holds besides the
-    model, the optimizer, the schedule and the GradScaler."""
+    """Where the run stands at its last optimizer step, kept beside the model and the optimizer."""
 
     # The same on every process:
     epoch: int = 0  # the epoch under way; those before it are done, validation included
@@ -794,8 +792,7 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
     """Write everything an exact resume needs; every process writes its own shards, in parallel,
     and rank 0 the rest."""
     start, rank = time.perf_counter(), dist.get_rank()
-    # Each process draws its own random numbers: rank 0 gathers every process's own state, and a
-    # resume on as many processes gives each back to the process of the same rank.
+    # Each process's own random states: rank 0 gathers them, a resume on as many gives each back.
     per_process = {name: getattr(state, name) for name in PER_PROCESS_STATE}
     gathered = [None] * dist.get_world_size() if rank == 0 else None
     dist.gather_object(per_process, gathered, dst=0)
@@ -848,7 +845,9 @@ def load_checkpoint(path, args):
     except Exception as err:  # weights_only runs nothing from the file: what fails is the file
         reason = f"{type(err).__name__} {(str(err).strip().splitlines() or [''])[0]}"
         raise ConfigError(f"checkpoint {path} cannot be read: {reason}") from None
-    if not isinstance(checkpoint, dict) or not {"rank_states", *SHARED_STATE} <= checkpoint.keys():
+    keys = {"scheduler", "scaler", "world_size", "config", "rank_states", *SHARED_STATE}
+    if not isinstance(checkpoint, dict) or not keys <= checkpoint.keys() or any(
+            set(states) != set(PER_PROCESS_STATE) for states in checkpoint["rank_states"]):
         raise ConfigError(f"checkpoint {path} was not written by this script (or this version)")
     settings, saved = vars(args), checkpoint["config"]
     may_change = RESUME_MAY_CHANGE + RESUME_MAY_CHANGE_TASK
@@ -1037,7 +1036,8 @@ def parse_args(argv=None):
                         help="clip the global gradient norm to this value; 0 turns clipping off")
     parser.add_argument("--resume", default="auto",
                         help="auto: the newest readable checkpoint in <out-dir>/checkpoints, if "
-                             "any; none: start afresh; or the path of a checkpoint")
+                             "any; none: start afresh; or the path of a checkpoint (none and a "
+                             "path refuse an --out-dir holding later checkpoints)")
     parser.add_argument("--ckpt-epochs", type=int, default=1,
                         help="checkpoint every this many epochs and after the last; 0: the last")
     parser.add_argument("--keep-last", type=int, default=3, help="checkpoints kept; older go")

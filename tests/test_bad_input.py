@@ -203,10 +203,25 @@ def test_resume_of_a_checkpoint_for_another_architecture_is_one_clear_error(fini
     assert snapshot(finished_run) == before
 
 
-def test_resume_of_a_checkpoint_from_an_older_version_is_one_clear_error(finished_run, tmp_path, capsys):
-    # Written before checkpoints recorded epoch_position (the position over all processes): not a KeyError.
-    checkpoint = torch.load(finished_run / "checkpoints" / "step_000000024.pt", weights_only=True)
+def _without_epoch_position(checkpoint):  # before checkpoints held the position over all processes
     del checkpoint["epoch_position"]
+
+
+def _with_loader_rng(checkpoint):  # before 7467b91 each process's states held its loader's generator
+    for states in checkpoint["rank_states"]:
+        states["loader_rng"] = torch.get_rng_state()
+
+
+def _without_config(checkpoint):  # a dict that holds the training state but not the settings
+    del checkpoint["config"]
+
+
+@pytest.mark.parametrize("change", [_without_epoch_position, _with_loader_rng, _without_config],
+                         ids=["without-epoch-position", "with-loader-rng", "without-config"])
+def test_resume_of_a_checkpoint_from_an_older_version_is_one_clear_error(change, finished_run, tmp_path, capsys):
+    # Not a KeyError or a TypeError midway through the restore.
+    checkpoint = torch.load(finished_run / "checkpoints" / "step_000000024.pt", weights_only=True)
+    change(checkpoint)
     torch.save(checkpoint, tmp_path / "old.pt")
     result = call_main("ddp_full.py", [*TINY, "--batch-size", "8", "--resume", str(tmp_path / "old.pt"),
                                        "--out-dir", str(finished_run)], capsys)

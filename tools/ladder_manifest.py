@@ -179,7 +179,7 @@ MANIFEST = {
             "accum_steps_for": "accum",
             "AT_LEAST": "accum",
             "train_one_epoch": [("grad_norm = None", "clip"), ("{norm}", "clip"), ("grad norm", "clip"),
-                                ("once per optimizer step", "accum"), ("totals", "accum"),
+                                ("one schedule step per optimizer step", "accum"), ("totals", "accum"),
                                 ("clip_grad_norm", "clip"), ("accum_steps", "accum"),
                                 ("num_steps", "accum"), ("group", "accum"),
                                 ("sync_context", "accum"), ("scaler", "amp"),
@@ -192,7 +192,7 @@ MANIFEST = {
         "removed": {},
         "flags_added": {"--amp", "--accum-steps", "--clip-grad-norm", "--channels-last", "--global-batch-size"},
         "mechanisms": {"autocast"},
-        "diff_size": (110, 39),
+        "diff_size": (109, 39),
     },
     "ddp_full.py": {
         "concepts": [
@@ -359,7 +359,7 @@ MANIFEST = {
                        "ReadableSamples", "readable_sets", "report_unreadable", "check_task",
                        "check_model_fits", "flight_recorder",
                        "init_weights_from"},
-        "diff_size": (991, 58),
+        "diff_size": (992, 58),
     },
     "fsdp.py": {
         "concepts": [
@@ -499,7 +499,7 @@ MANIFEST = {
                        "recompute_in_backward", "buffers_kept", "device_mesh",
                        "shard_units", "units_of", "initial_values",
                        "own_initialisation"},
-        "diff_size": (551, 135),
+        "diff_size": (550, 134),
     },
 }
 

@@ -540,7 +540,7 @@ PITFALLS = [
         "symptom": "the schedule runs K times too fast: warm-up ends early and the rate reaches 0 a fraction "
                    "of the way through training",
         "correct": "`scheduler.step()` once per optimizer step, after `optimizer.step()`",
-        "fix": [("ddp_amp_accum.py", "once per optimizer step, not per micro-batch")],
+        "fix": [("ddp_amp_accum.py", "then one schedule step per optimizer step")],
         "guards": ["tests/test_recipe.py::test_learning_rate_moves_once_per_optimizer_step_with_accumulation"],
         "mutation": ("ddp_amp_accum.py",
                      "        totals[1] += count\n        if not last_in_group:\n            continue\n",
