@@ -704,7 +704,7 @@ class Preemption:
         self.group = dist.new_group(backend="gloo", timeout=timeout)
         self.previous_handler = signal.signal(signal.SIGTERM, self.request)
 
-    def request(self, signum, frame):
+    def request(self, _signum, _frame):
         self.requested = True
 
     def poll(self):

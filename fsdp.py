@@ -155,9 +155,12 @@ def train(args):
     train_loader, val_loader = build_loaders(args, train_set, val_set, device, rank, world_size)
     # Found before the model is built: a checkpoint wins over the weights it would start from.
     checkpoint, checkpoint_path = agreed_checkpoint(args, world_size)
+    # [optional: init-from]
+    # A resume starts from its checkpoint's weights: --init-from starts a run only.
+    args.init_from = args.init_from if checkpoint is None else None
     model = build_on_meta(args, num_outputs)
     set_seed(args.seed)
-    values = rank0_only(rank, initial_values, args, model, num_outputs, checkpoint is None)
+    values = rank0_only(rank, initial_values, args, num_outputs)
     # --channels-last reorders the inputs alone: fully_shard takes contiguous parameters only.
     log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
     if args.compile:
@@ -169,7 +172,7 @@ def train(args):
         # The global batch's statistics, all-reduced in every forward: they pay for small batches
         # per GPU. Its keys stay BatchNorm's (model.pt loads without it); a resume needs it again.
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    units = shard_model(args, model, values, device, world_size, checkpoint is None)
+    units = shard_model(args, model, values, device, world_size)
     del values  # in every process's shards now: free rank 0's host copy
     # After sharding: built before, the optimizer would step the full parameters fully_shard freed.
     optimizer = build_optimizer(args, model)
@@ -185,7 +188,7 @@ def train(args):
                             scaler, train_loader, rank)
     del checkpoint  # all it holds is restored now: free its memory
     # [optional: init-from]
-    if args.init_from and checkpoint_path is None:
+    if args.init_from:
         # The starting weights' score, what fine-tuning must improve on: epoch 0 in metrics.jsonl.
         val_totals = evaluate(args, model, val_loader, device)
         state.history.append({"epoch": 0, **val_record(val_totals)})
@@ -784,7 +787,7 @@ class Preemption:
         self.group = dist.new_group(backend="gloo", timeout=timeout)
         self.previous_handler = signal.signal(signal.SIGTERM, self.request)
 
-    def request(self, signum, frame):
+    def request(self, _signum, _frame):
         self.requested = True
 
     def poll(self):
@@ -840,7 +843,7 @@ def has_batchnorm(model):
     return any(isinstance(module, nn.modules.batchnorm._BatchNorm) for module in model.modules())
 
 
-def shard_model(args, model, values, device, world_size, afresh):
+def shard_model(args, model, values, device, world_size):
     """Shard the model (on the meta device) unit by unit, then the root, with fully_shard; fill
     each process's shards with its slices of rank 0's values, or by init_weights."""
     mesh = device_mesh(args, device, world_size)
@@ -861,7 +864,7 @@ def shard_model(args, model, values, device, world_size, afresh):
         set_seed(args.seed if device.type == "cuda" else args.seed + dist.get_rank())
         with torch.no_grad():
             init_weights(model)
-    if not own_initialisation(args, afresh):
+    if not own_initialisation(args):
         state = {name: values[name] for name in model.state_dict()} if values is not None else {}
         set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True,
                                                                     broadcast_from_rank0=True))
@@ -1019,31 +1022,32 @@ def shard_sizes(model):
     return local, sum(p.numel() for p in model.parameters())
 
 
-def own_initialisation(args, afresh):
+def own_initialisation(args):
     """Whether each process initialises its own shards: where the section defines init_weights."""
     # [optional: init-from]
-    if args.init_from and afresh:  # but --init-from's weights, which rank 0 hands out
+    if args.init_from:  # but --init-from's weights, which rank 0 hands out
         return False
     return init_weights is not None
 
 
-def initial_values(args, model, num_outputs, afresh):
+def initial_values(args, num_outputs):
     """Rank 0's values for the shards: build_model's state dict and buffers, the job's one copy in
     host memory; None where each process initialises its own."""
-    if own_initialisation(args, afresh):
+    if own_initialisation(args):
         return None
     # [optional: init-from]
-    # Starting afresh from an --init-from file, the file itself, memory-mapped: its pages on the
-    # disk, no copy in memory and no random values first (buffers the state dict leaves out come
-    # from init_weights; without it the model is built for them, as for pretrained weights'
-    # classifier of another size).
-    unsaved = {name for name, _ in model.named_buffers()} - model.state_dict().keys()
-    # [optional: init-from]
-    if args.init_from not in (None, "pretrained") and afresh and (not unsaved or init_weights):
-        return init_weights_from(args, model)  # the meta model: checks every key and shape
+    if args.init_from not in (None, "pretrained"):
+        # From an --init-from file, the file itself, memory-mapped: its pages on the disk, no copy
+        # in memory and no random values first (buffers the state dict leaves out come from
+        # init_weights; without it the model is built for them, as for pretrained weights'
+        # classifier of another size). A model on the meta device checks every key and shape.
+        meta = build_on_meta(args, num_outputs)
+        unsaved = {name for name, _ in meta.named_buffers()} - meta.state_dict().keys()
+        if not unsaved or init_weights:
+            return init_weights_from(args, meta)
     full_model = build_model(args, num_outputs)
     # [optional: init-from]
-    if args.init_from and afresh:
+    if args.init_from:
         init_weights_from(args, full_model)
     return {**full_model.state_dict(), **dict(full_model.named_buffers())}
 

@@ -88,12 +88,12 @@ def train(args):
     checkpoint, checkpoint_path = agreed_checkpoint(args, world_size)
     model = build_on_meta(args, num_outputs)
     set_seed(args.seed)
-    values = rank0_only(rank, initial_values, args, model, num_outputs, checkpoint is None)
+    values = rank0_only(rank, initial_values, args, num_outputs)
     # --channels-last reorders the inputs alone: fully_shard takes contiguous parameters only.
     log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
     if args.compile:
         log(f"torch.compile: {compile_model(model)}")
-    units = shard_model(args, model, values, device, world_size, checkpoint is None)
+    units = shard_model(args, model, values, device, world_size)
     del values  # in every process's shards now: free rank 0's host copy
     # After sharding: built before, the optimizer would step the full parameters fully_shard freed.
     optimizer = build_optimizer(args, model)
@@ -545,7 +545,7 @@ def has_batchnorm(model):
     return any(isinstance(module, nn.modules.batchnorm._BatchNorm) for module in model.modules())
 
 
-def shard_model(args, model, values, device, world_size, afresh):
+def shard_model(args, model, values, device, world_size):
     """Shard the model (on the meta device) unit by unit, then the root, with fully_shard; fill
     each process's shards with its slices of rank 0's values, or by init_weights."""
     mesh = device_mesh(args, device, world_size)
@@ -562,7 +562,7 @@ def shard_model(args, model, values, device, world_size, afresh):
         set_seed(args.seed if device.type == "cuda" else args.seed + dist.get_rank())
         with torch.no_grad():
             init_weights(model)
-    if not own_initialisation(args, afresh):
+    if not own_initialisation(args):
         state = {name: values[name] for name in model.state_dict()} if values is not None else {}
         set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True,
                                                                     broadcast_from_rank0=True))
@@ -639,15 +639,15 @@ def shard_sizes(model):
     return local, sum(p.numel() for p in model.parameters())
 
 
-def own_initialisation(args, afresh):
+def own_initialisation(args):
     """Whether each process initialises its own shards: where the section defines init_weights."""
     return init_weights is not None
 
 
-def initial_values(args, model, num_outputs, afresh):
+def initial_values(args, num_outputs):
     """Rank 0's values for the shards: build_model's state dict and buffers, the job's one copy in
     host memory; None where each process initialises its own."""
-    if own_initialisation(args, afresh):
+    if own_initialisation(args):
         return None
     full_model = build_model(args, num_outputs)
     return {**full_model.state_dict(), **dict(full_model.named_buffers())}

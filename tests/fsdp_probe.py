@@ -22,7 +22,11 @@ Each process records, for the number of processes W it runs in and its rank R:
   optimizer's writes before the first all-gather) was free when its forward began, which state then
   claimed it (the model's own: "root"), and every claim made during a backward (a recomputed
   block's unit claims it there; unless the end of the backward frees it, the next forward finds it
-  taken and skips that work: torch 2.11 does not free it, 2.14 does).
+  taken and skips that work: torch 2.11 does not free it, 2.14 does);
+- with PROBE_OVERFLOW=1, an inf planted at the first optimizer step in rank 1's shard of the first
+  parameter's gradient alone (where a reduce-scatter leaves an overflow: in one process's shard), and
+  DIR/scales_w<W>_r<R>.json: after each step, the GradScaler's scale and whether this process's
+  shard of that parameter changed.
 Nothing of the script is changed but these records; the script's own code does the work.
 """
 import importlib.util
@@ -193,4 +197,23 @@ if os.environ.get("PROBE_ROOT"):
                 {"forwards": forwards, "claims_in_backward": in_backward_claims}))
 
     fsdp.train_one_epoch = recording_epoch
+if os.environ.get("PROBE_OVERFLOW"):
+    unscale, update = torch.amp.GradScaler.unscale_, torch.amp.GradScaler.update
+    steps, before = [], {}
+
+    def planting_unscale(self, optimizer):
+        param = optimizer.param_groups[0]["params"][0]
+        before["shard"] = param.detach().to_local().clone()
+        before["param"] = param
+        if not steps and dist.get_rank() == 1:
+            param.grad.to_local().view(-1)[0] = float("inf")
+        return unscale(self, optimizer)
+
+    def recording_update(self, *args, **kwargs):
+        update(self, *args, **kwargs)
+        changed = not torch.equal(before["param"].detach().to_local(), before["shard"])
+        steps.append({"scale": self.get_scale(), "changed": changed})
+        (probe_dir / f"scales_{where()}.json").write_text(json.dumps(steps))
+
+    torch.amp.GradScaler.unscale_, torch.amp.GradScaler.update = planting_unscale, recording_update
 sys.exit(fsdp.main(sys.argv[1:]))

@@ -106,6 +106,21 @@ def test_fsdp_low_precision_trains_resnet18_as_ddp_full_with_no_cast_around_batc
 
 
 @pytest.mark.slow
+def test_fsdp_fp16_overflow_in_one_process_shard_skips_the_step_on_every_process(tmp_path):
+    # A gradient that overflows lands, after the reduce-scatter, in one process's shard: the plain
+    # GradScaler must skip the step and halve the scale on every process (DTensor reduces its found-inf
+    # flag), or the processes' shards would step apart and their loss scales differ from then on.
+    probe_dir = tmp_path / "probe"
+    probe_dir.mkdir()
+    check(launch("tests/fsdp_probe.py", [*TINY, "--batch-size", "8", "--amp", "fp16", "--max-steps", "2",
+                                         "--out-dir", str(tmp_path / "run")], nproc=2,
+                 env={"PROBE_DIR": str(probe_dir), "PROBE_OVERFLOW": "1"}))
+    steps = {r: json.loads((probe_dir / f"scales_w2_r{r}.json").read_text()) for r in (0, 1)}
+    for rank in (0, 1):  # 2**16 is GradScaler's first scale; it halves on an overflow, else holds
+        assert steps[rank] == [{"scale": 2.0**15, "changed": False}, {"scale": 2.0**15, "changed": True}], steps
+
+
+@pytest.mark.slow
 def test_fsdp_sharded_validation_with_uneven_shards_equals_one_process_evaluation(runs):
     # 103 samples on 4 processes in batches of 5: shards of 26, 26, 26 and 25, 6 batches on three
     # processes and 5 on the fourth, which must still run a sixth forward (every forward gathers

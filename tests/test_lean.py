@@ -32,8 +32,9 @@ def test_the_lean_copy_is_its_script_with_every_optional_part_deleted(script):
 
 def unused(text):
     """What a reader would delete: "import x" never read, a top-level function, class or name
-    nothing refers to, a local variable assigned and never read. Imports kept for their side
-    effect say so ("# noqa: F401")."""
+    nothing refers to, a local variable assigned and never read, a parameter never read (but
+    `args`, the run's settings, which every step's functions take alike, and "_name"). Imports kept
+    for their side effect say so ("# noqa: F401")."""
     tree = ast.parse(text)
     lines = text.splitlines()
     loads = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
@@ -57,6 +58,10 @@ def unused(text):
                 if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
                     if node.targets[0].id not in read and not node.targets[0].id.startswith("_"):
                         found.append(f"line {node.lineno}: {node.targets[0].id} is assigned, never read")
+            arguments = function.args
+            for arg in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]:
+                if arg.arg not in read | {"self", "args"} and not arg.arg.startswith("_"):
+                    found.append(f"line {function.lineno}: {function.name}'s {arg.arg} is never read")
     return found
 
 
@@ -108,9 +113,10 @@ def test_the_lean_copy_mentions_no_flag_it_lacks(script):
 def test_the_debris_check_finds_debris():
     # The check above, on code with one of each kind of debris it looks for.
     text = ("import os\nimport sys  # noqa: F401\nA = 1\n\n\ndef helper():\n    pass\n\n\n"
-            "def main():\n    x = 2\n    y = 3\n    return y\n")
+            "def main(args, afresh):\n    x = 2\n    y = 3\n    return y\n")
     assert [re.sub(r"line \d+: ", "", item) for item in unused(text)] == \
-        ["import os", "A is never used", "helper is never used", "x is assigned, never read"]
+        ["import os", "A is never used", "helper is never used", "x is assigned, never read",
+         "main's afresh is never read"]
 
 
 # The reference runs test_equivalence.py launches too (the same name, so each runs once).

@@ -25,7 +25,7 @@ import shutil
 import pytest
 import torch
 
-from conftest import TINY, TRAIN_SAMPLES, launch, metrics, run_ok, weights
+from conftest import TINY, TRAIN_SAMPLES, check, launch, metrics, run_ok, weights
 from test_equivalence import ACCUM, assert_same_training
 from test_resume import assert_bitwise_equal, run_full
 from test_validation import assert_counts_correct, load_script, reference_logits
@@ -163,13 +163,16 @@ def test_ddp_full_starts_from_single_gpu_weights_and_first_scores_them_as_single
 
 
 @pytest.mark.slow
-def test_a_resume_wins_over_init_from(runs, tmp_path):
+@pytest.mark.parametrize("script, name", [("ddp_full.py", "full_w2_init"), ("fsdp.py", "fsdp_w2_init")])
+def test_a_resume_wins_over_init_from(script, name, runs, tmp_path):
+    # The same command resumes: the checkpoint's weights, not the file's, and no second epoch-0 score.
     single = runs.get("single16", "single_gpu.py", ["--batch-size", "16"])
     args = ["--batch-size", "8", "--init-from", str(single / "model.pt")]
-    reference = runs.get("full_w2_init", "ddp_full.py", args, nproc=2)
-    run_full(tmp_path, *args, "--max-steps", "7")
-    resumed = run_full(tmp_path, *args)
-    assert "step_000000007.pt: step 7 of epoch 1" in resumed.stdout and "weights from" not in resumed.stdout
+    reference = runs.get(name, script, args, nproc=2)
+    check(launch(script, [*TINY, *args, "--max-steps", "7", "--out-dir", str(tmp_path)], nproc=2))
+    resumed = check(launch(script, [*TINY, *args, "--out-dir", str(tmp_path)], nproc=2))
+    assert "resumed from" in resumed.stdout and "step_000000007" in resumed.stdout, resumed.stdout
+    assert "weights from" not in resumed.stdout
     assert_bitwise_equal(reference, tmp_path)
 
 

@@ -640,12 +640,12 @@ PITFALLS = [
         "fix": [("fsdp.py", "    optimizer = build_optimizer(args, model)")],
         "guards": ["tests/test_fsdp.py::test_fsdp_on_2_processes_with_accumulation_trains_what_one_process_trains"],
         "mutation": ("fsdp.py",
-                     "    units = shard_model(args, model, values, device, world_size, checkpoint is None)\n"
+                     "    units = shard_model(args, model, values, device, world_size)\n"
                      "    del values  # in every process's shards now: free rank 0's host copy\n"
                      "    # After sharding: built before, the optimizer would step the full parameters fully_shard freed.\n"
                      "    optimizer = build_optimizer(args, model)\n",
                      "    optimizer = build_optimizer(args, model)\n"
-                     "    units = shard_model(args, model, values, device, world_size, checkpoint is None)\n"),
+                     "    units = shard_model(args, model, values, device, world_size)\n"),
     },
     {
         "title": "FSDP: a sharded state dict saved with torch.save by rank 0",
@@ -812,10 +812,9 @@ PITFALLS = [
                    "the random initialisation of a model about to be overwritten",
         "correct": "starting afresh from a file, rank 0 reads it memory-mapped straight into the shards' broadcast, "
                    "checking every key and shape against the meta-device model; nothing is built",
-        "fix": [("fsdp.py", "if args.init_from not in (None, \"pretrained\") and afresh and (not unsaved or init_weights):")],
+        "fix": [("fsdp.py", "if not unsaved or init_weights:")],
         "guards": ["tests/test_fsdp.py::test_fsdp_starts_from_an_init_from_file_that_rank_0_reads_without_building_the_model"],
-        "mutation": ("fsdp.py", "if args.init_from not in (None, \"pretrained\") and afresh and (not unsaved or init_weights):",
-                     "if False:"),
+        "mutation": ("fsdp.py", "if not unsaved or init_weights:", "if False:"),
     },
     {
         "title": "FSDP: a section's init_weights drawn from one seed on a CPU",
@@ -838,10 +837,10 @@ PITFALLS = [
         "correct": "every process builds the model on the meta device and shards that; rank 0 alone builds the "
                    "values (and reads `--init-from`), and `set_model_state_dict(..., broadcast_from_rank0=True)` "
                    "fills every process's shards from them",
-        "fix": [("fsdp.py", "    values = rank0_only(rank, initial_values, args, model, num_outputs, checkpoint is None)")],
+        "fix": [("fsdp.py", "    values = rank0_only(rank, initial_values, args, num_outputs)")],
         "guards": ["tests/test_fsdp.py::test_fsdp_builds_the_models_values_on_rank_0_alone_and_the_others_only_its_shapes"],
-        "mutation": ("fsdp.py", "    values = rank0_only(rank, initial_values, args, model, num_outputs, checkpoint is None)\n",
-                     "    values = initial_values(args, model, num_outputs, checkpoint is None)\n"),
+        "mutation": ("fsdp.py", "    values = rank0_only(rank, initial_values, args, num_outputs)\n",
+                     "    values = initial_values(args, num_outputs)\n"),
     },
     {
         "title": "FSDP on the meta device: buffers that state dicts leave out",
