@@ -230,9 +230,8 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
 
 @torch.no_grad()
 def evaluate(args, model, loader, device):
-    """Return the sums of EVAL_METRICS and the number of samples over the whole set: sums, since a
-    mean over batches of different sizes is not the mean over samples. Each process scores its
-    shard; one all-reduce adds them."""
+    """Return the sums of EVAL_METRICS and the sample count over the whole set (sums: a mean over
+    batches of unequal size is not one over samples); each process scores its shard, all-reduced."""
     # Every process scores its shard with rank 0's buffers (BatchNorm's running statistics), those
     # of the model saved: FSDP shards parameters, not buffers, and each process updates its own.
     broadcast_buffers(model)
@@ -800,8 +799,9 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
         # The schedule's position: without it a resumed run would warm up again from step 0.
         "scheduler": scheduler.state_dict(),
         "scaler": scaler.state_dict(), **{name: getattr(state, name) for name in SHARED_STATE},
-        "world_size": dist.get_world_size(), "config": vars(args),
-        "rank_states": gathered,
+        "world_size": dist.get_world_size(), "rank_states": gathered,
+        # The settings as JSON values (a Path flag as its text): what weights_only can load.
+        "config": json.loads(json.dumps(vars(args), default=str)),
     }
     ckpt_dir = Path(args.out_dir) / "checkpoints"
     path = ckpt_dir / f"step_{state.global_step:09d}"
@@ -849,7 +849,7 @@ def load_checkpoint(path, args):
     if not isinstance(checkpoint, dict) or not keys <= checkpoint.keys() or any(
             set(states) != set(PER_PROCESS_STATE) for states in checkpoint["rank_states"]):
         raise ConfigError(f"checkpoint {path} was not written by this script (or this version)")
-    settings, saved = vars(args), checkpoint["config"]
+    settings, saved = json.loads(json.dumps(vars(args), default=str)), checkpoint["config"]
     may_change = RESUME_MAY_CHANGE + RESUME_MAY_CHANGE_TASK
     for name in sorted(settings.keys() & saved.keys()):
         if saved[name] != settings[name] and name not in may_change:

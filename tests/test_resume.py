@@ -11,7 +11,7 @@ import pytest
 
 import torch
 
-from conftest import IMAGEFOLDER, TINY, check, launch, metrics, weights
+from conftest import IMAGEFOLDER, ROOT, TINY, check, launch, metrics, weights
 
 # 2 processes x 8 samples: 12 optimizer steps per epoch of 192 samples, 2 epochs.
 ARGS = ["--batch-size", "8"]
@@ -184,3 +184,17 @@ def test_a_run_that_starts_before_its_out_dirs_newest_checkpoint_is_one_clear_er
     assert_one_clear_error(result, script, f"{tmp_path / 'checkpoints' / name} is later than this run's start "
                                            f"(step {start}): resume it with --resume auto, or start in another")
     assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("script", ["ddp_full.py", "fsdp.py"])
+def test_a_task_flag_of_type_path_leaves_checkpoints_a_resume_can_read(script, tmp_path):
+    # A user's section may add a flag of type Path; a checkpoint keeps every flag's value, and
+    # torch.load(weights_only=True) refuses a pickled Path: every resume would find no usable one.
+    copy = tmp_path / script
+    text = (ROOT / script).read_text()
+    flag = '    parser.add_argument("--notes", type=Path, default=Path("notes"), help="a path")\n'
+    copy.write_text(text.replace("def add_task_arguments(parser):\n", "def add_task_arguments(parser):\n" + flag, 1))
+    args = [*TINY, "--batch-size", "8", "--epochs", "1", "--notes", str(tmp_path / "n"), "--out-dir", str(tmp_path / "run")]
+    check(launch(str(copy), [*args, "--max-steps", "3"], nproc=1))
+    resumed = check(launch(str(copy), args, nproc=1))
+    assert "resumed from" in resumed.stdout, resumed.stdout

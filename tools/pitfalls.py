@@ -1089,4 +1089,16 @@ PITFALLS = [
         "mutation": ("ddp_full.py", "if dist.get_world_size() > 2:  # DDP re-buckets after a first step",
                      "if False:  # DDP re-buckets after a first step"),
     },
+    {
+        "title": "A task's flag of type Path in the checkpoint",
+        "mistake": "saving `vars(args)` in the checkpoint as it is, where a section's flag has `type=Path`",
+        "symptom": "every checkpoint is written, and none can be read: `torch.load(weights_only=True)` refuses "
+                   "a pickled Path, so every resume finds no usable checkpoint, after hours of training",
+        "correct": "the settings saved as JSON values (a Path as its text), compared as JSON values at resume",
+        "fix": [("ddp_full.py", '"config": json.loads(json.dumps(vars(args), default=str)),'),
+                ("fsdp.py", '"config": json.loads(json.dumps(vars(args), default=str)),')],
+        "guards": ["tests/test_resume.py::test_a_task_flag_of_type_path_leaves_checkpoints_a_resume_can_read"],
+        "mutation": ("ddp_full.py", '"config": json.loads(json.dumps(vars(args), default=str)),',
+                     '"config": vars(args),'),
+    },
 ]
