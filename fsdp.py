@@ -178,8 +178,8 @@ def train(args):
     optimizer = build_optimizer(args, model)
     scheduler = build_scheduler(args, optimizer,
                                 steps_per_epoch=math.ceil(len(train_loader) / args.accum_steps))
-    # fp16 needs loss scaling (small gradients underflow in fp16); bf16 has fp32's range and does
-    # not. A disabled scaler passes everything through, so one code path serves all three.
+    # fp16 needs loss scaling (small gradients underflow in fp16), bf16 not: disabled, the scaler
+    # passes all through. On shards too: an overflow in one shard skips the step on every process.
     scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
     # The weights came from the same seed everywhere; from here on each process draws its own
     # random numbers (dropout, augmentation), or all of them would repeat one draw.

@@ -88,12 +88,11 @@ def main():
     rank, local_rank, world_size, device = script.setup_distributed(args)
     torch.manual_seed(0)
     if bench.script == "fsdp.py":
-        # As fsdp.py builds it: the shapes on the meta device everywhere, the values on rank 0
-        # (initial_values: the run starts afresh).
+        # As fsdp.py builds it: the shapes on the meta device everywhere, the values on rank 0.
         with torch.device("meta"):
             model = script.build_model(args, 10)
-        values = script.initial_values(args, model, 10, True) if rank == 0 else None
-        script.shard_model(args, model, values, device, world_size, True)
+        values = script.initial_values(args, 10) if rank == 0 else None
+        script.shard_model(args, model, values, device, world_size)
         del values
     else:
         model = script.build_model(args, 10).to(device)
