@@ -4,7 +4,7 @@
     python fsdp.py                                              # a world of one process
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc_per_node=4 \
         --max-restarts=3 fsdp.py                                # restarts resume by themselves
-    (unset, a restart often fails on stale keys of the reused rendezvous store: pytorch#135712)
+    (without the variable, restarts often fail on stale rendezvous keys: pytorch#135712)
     torchrun --standalone --nproc_per_node=3 fsdp.py            # resumes a run of 2 or 4 processes
     # [optional: hybrid]
     torchrun --nnodes=N --nproc_per_node=4 --rdzv-backend=c10d --rdzv-endpoint=FIRST_NODE:29500 \
@@ -36,10 +36,12 @@ micro-batches, reduce-scattering each one's.
 # [optional: hybrid]
 one group per node for N nodes, and replicates it across the groups: the gathers stay in a node.
 
-Validation, checkpoints and resume are ddp_full.py's, sharded: every process writes its own shard
-of each checkpoint (torch.distributed.checkpoint); a run resumes bitwise on as many processes,
-or on another number, resharded.
-model.pt is the whole model, gathered to rank 0: it loads into the plain model.
+Validation, checkpoints and resume are ddp_full.py's, sharded (torch.distributed.checkpoint: each
+process writes its shard); a resume on another number of processes reshards, one on as many is
+bitwise where workers draw no random augmentation and GPU kernels are deterministic. model.pt is
+the whole model, gathered to rank 0: it loads into the plain model.
+# [optional: seeded samples]
+Where they do too: augmentation is seeded per sample, the same in any worker, after any resume.
 
 A copier's map: a part tagged "# [optional: NAME]" may be deleted whole: a tag alone on its
 line with the statement under it (in a docstring, the lines to a blank line), a tag ending a

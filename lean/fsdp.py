@@ -4,7 +4,7 @@
     python fsdp.py                                              # a world of one process
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc_per_node=4 \
         --max-restarts=3 fsdp.py                                # restarts resume by themselves
-    (unset, a restart often fails on stale keys of the reused rendezvous store: pytorch#135712)
+    (without the variable, restarts often fail on stale rendezvous keys: pytorch#135712)
     torchrun --standalone --nproc_per_node=3 fsdp.py            # resumes a run of 2 or 4 processes
 
 Needs torch 2.6 or later, where fully_shard became public in torch.distributed.fsdp; on CPU
@@ -25,10 +25,10 @@ reduced in float32 (fp16 adds a GradScaler); a model with BatchNorm gathers them
 runs under autocast, as ddp_full.py does; --accum-steps K averages the gradients of K
 micro-batches, reduce-scattering each one's.
 
-Validation, checkpoints and resume are ddp_full.py's, sharded: every process writes its own shard
-of each checkpoint (torch.distributed.checkpoint); a run resumes bitwise on as many processes,
-or on another number, resharded.
-model.pt is the whole model, gathered to rank 0: it loads into the plain model.
+Validation, checkpoints and resume are ddp_full.py's, sharded (torch.distributed.checkpoint: each
+process writes its shard); a resume on another number of processes reshards, one on as many is
+bitwise where workers draw no random augmentation and GPU kernels are deterministic. model.pt is
+the whole model, gathered to rank 0: it loads into the plain model.
 """
 import argparse
 import collections
