@@ -25,6 +25,7 @@ A copier's map: what deleting each "# [optional: NAME]" gives up (lean/dataparal
     atomic writes     the old file kept whole, not half a new one, when a write is cut short
 """
 import argparse
+import datetime
 import json
 import math
 import os
@@ -132,7 +133,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, device, epoch):
             log(f"epoch {epoch + 1}/{args.epochs} step {step}/{len(loader)} "
                 f"loss {totals[0].item() / samples:.4f} | lr {lr:.6g} | "
                 f"{samples / elapsed:.0f} samples/s{peak_memory(device)} | "
-                f"eta {format_seconds(elapsed / step * (len(loader) - step))}")
+                f"eta {datetime.timedelta(seconds=round(elapsed / step * (len(loader) - step)))}")
     return totals
 
 
@@ -485,11 +486,6 @@ def set_seed(seed):
 
 def log(message):
     print(message, flush=True)
-
-
-def format_seconds(seconds):
-    seconds = int(max(seconds, 0))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 def describe(model):

@@ -145,7 +145,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, device, epoch):
             log(f"epoch {epoch + 1}/{args.epochs} step {step}/{len(loader)} "
                 f"loss {totals[0].item() / samples:.4f} | lr {lr:.6g} | "
                 f"{samples * dist.get_world_size() / elapsed:.0f} samples/s{peak_memory(device)} | "
-                f"eta {format_seconds(elapsed / step * (len(loader) - step))}")
+                f"eta {datetime.timedelta(seconds=round(elapsed / step * (len(loader) - step)))}")
     # One all-reduce after the loop makes per-process sums global (nccl needs them on the GPU).
     dist.all_reduce(totals)
     return totals
@@ -612,11 +612,6 @@ def log(message):
     """Print on rank 0 only: every process runs this code, and one copy of each line is enough."""
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(message, flush=True)
-
-
-def format_seconds(seconds):
-    seconds = int(max(seconds, 0))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 def describe(model):

@@ -91,7 +91,7 @@ import signal  # [optional: preemption, mid-epoch]
 import sys
 import tempfile  # [optional: value checks]
 import time
-import warnings  # [optional: init-from]
+import warnings
 import zipfile  # [optional: init-from]
 from pathlib import Path
 
@@ -362,7 +362,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
             log(f"epoch {state.epoch + 1}/{args.epochs} step {step}/{num_steps} "
                 f"loss {totals[0].item() / samples:.4f} | lr {lr:.6g}{norm} | "
                 f"{samples * dist.get_world_size() / elapsed:.0f} samples/s{peak_memory(device)} | "
-                f"eta {format_seconds(elapsed / step * (num_steps - step))}")
+                f"eta {datetime.timedelta(seconds=round(elapsed / step * (num_steps - step)))}")
         # [optional: preemption, mid-epoch]
         if PREEMPTION.agreed:  # after the step: the forwards' BatchNorm statistics are the step's
             return None
@@ -1188,6 +1188,9 @@ def lr_factor(args, step, steps_per_epoch):
 
 def build_scheduler(args, optimizer, steps_per_epoch):
     """The learning-rate schedule: scheduler.step() follows optimizer steps, not batches."""
+    # A step fp16's scaler skips takes its rate too; torch takes a skipped first one for a
+    # scheduler.step() called too early and would warn from every process.
+    warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step", UserWarning)
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(args, step, steps_per_epoch))
 
@@ -1907,7 +1910,7 @@ def parse_args(argv=None):
                         help="4-D inputs in channels-last memory order; FSDP keeps the weights "
                              "contiguous, converted in each pass (default: on GPUs)")
     parser.add_argument("--accum-steps", type=int, default=1,
-                        help="micro-batches summed into each optimizer step (default: 1)")
+                        help="micro-batches averaged into each optimizer step (default: 1)")
     # [optional: global batch]
     parser.add_argument("--global-batch-size", type=int, default=None,
                         help="samples per optimizer step, all processes: sets --accum-steps")
@@ -2019,11 +2022,6 @@ def warn(message):
     not rank 0's to see): one line on stderr, naming the process."""
     # One write: the lines of processes that warn at once never run together.
     sys.stderr.write(f"{Path(__file__).name}: warning: rank {dist.get_rank()}: {message}\n")
-
-
-def format_seconds(seconds):
-    seconds = int(max(seconds, 0))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 def describe(model):

@@ -34,6 +34,7 @@ import random
 import re
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -200,7 +201,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
             log(f"epoch {state.epoch + 1}/{args.epochs} step {step}/{num_steps} "
                 f"loss {totals[0].item() / samples:.4f} | lr {lr:.6g}{norm} | "
                 f"{samples * dist.get_world_size() / elapsed:.0f} samples/s{peak_memory(device)} | "
-                f"eta {format_seconds(elapsed / step * (num_steps - step))}")
+                f"eta {datetime.timedelta(seconds=round(elapsed / step * (num_steps - step)))}")
     # One all-reduce after the loop makes per-process sums global (nccl needs them on the GPU).
     dist.all_reduce(totals)
     return totals
@@ -528,6 +529,9 @@ def lr_factor(args, step, steps_per_epoch):
 
 def build_scheduler(args, optimizer, steps_per_epoch):
     """The learning-rate schedule: scheduler.step() follows optimizer steps, not batches."""
+    # A step fp16's scaler skips takes its rate too; torch takes a skipped first one for a
+    # scheduler.step() called too early and would warn from every process.
+    warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step", UserWarning)
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(args, step, steps_per_epoch))
 
@@ -787,7 +791,7 @@ def parse_args(argv=None):
     parser.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
                         help="4-D inputs and weights in channels-last order (default: on GPUs)")
     parser.add_argument("--accum-steps", type=int, default=1,
-                        help="micro-batches summed into each optimizer step (default: 1)")
+                        help="micro-batches averaged into each optimizer step (default: 1)")
     parser.add_argument("--clip-grad-norm", type=float, default=0.0,
                         help="clip the global gradient norm to this value; 0 turns clipping off")
     parser.add_argument("--resume", default="auto",
@@ -821,11 +825,6 @@ def log(message):
     """Print on rank 0 only: every process runs this code, and one copy of each line is enough."""
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(message, flush=True)
-
-
-def format_seconds(seconds):
-    seconds = int(max(seconds, 0))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 def describe(model):

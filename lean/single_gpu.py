@@ -7,6 +7,7 @@
 To train something else, edit the section "your data and model" and nothing else.
 """
 import argparse
+import datetime
 import json
 import math
 import os
@@ -102,7 +103,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, device, epoch):
             log(f"epoch {epoch + 1}/{args.epochs} step {step}/{len(loader)} "
                 f"loss {totals[0].item() / samples:.4f} | lr {lr:.6g} | "
                 f"{samples / elapsed:.0f} samples/s{peak_memory(device)} | "
-                f"eta {format_seconds(elapsed / step * (len(loader) - step))}")
+                f"eta {datetime.timedelta(seconds=round(elapsed / step * (len(loader) - step)))}")
     return totals
 
 
@@ -395,11 +396,6 @@ def set_seed(seed):
 
 def log(message):
     print(message, flush=True)
-
-
-def format_seconds(seconds):
-    seconds = int(max(seconds, 0))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 def describe(model):

@@ -1,5 +1,6 @@
 """Mixed precision on CPU: autocast runs the matrix work in the precision asked, bf16 follows float32
-and learns where float32 learns, fp16 with its GradScaler lands next to float32.
+and learns where float32 learns, fp16 with its GradScaler lands next to float32, and a step the
+scaler skips keeps its place in the schedule, quietly.
 
 No verdict here turns on where a run leaves a plateau. From random weights the CNN sits on a loss
 of ln(10) = 2.30 for a few dozen steps and leaves it at a step that rounding decides: bf16 left it
@@ -30,7 +31,7 @@ import json
 
 import pytest
 
-from conftest import check, launch, max_weight_difference, metrics, weights
+from conftest import TINY, check, launch, max_weight_difference, metrics, run_ok, weights
 
 # fp16 vs float32 weights after the 6 steps of the accumulation run: measured 2.2e-5, so 10x.
 FP16_WEIGHT_ATOL = 2e-4
@@ -109,3 +110,23 @@ def test_fp16_grad_scaler_unscales_before_clipping_and_stays_near_float32(runs):
     for a, b in zip(metrics(fp32), metrics(fp16), strict=True):
         assert abs(a["train_loss"] - b["train_loss"]) <= AMP_LOSS_ATOL, (a, b)
         assert abs(a["val_loss"] - b["val_loss"]) <= AMP_LOSS_ATOL, (a, b)
+
+
+# Tier 2 for steps 5 and 6: their build_scheduler is step 4's, line for line (the diff guard's shared regions).
+@pytest.mark.parametrize("script", ["ddp_amp_accum.py", *(pytest.param(s, marks=pytest.mark.slow)
+                                                       for s in ("ddp_full.py", "fsdp.py"))])
+def test_an_fp16_step_the_scaler_skips_takes_its_rate_and_warns_nothing(script, tmp_path):
+    # fp16's scale starts at 2**16 and GPUs often overflow in the first steps: the scaler skips the
+    # update, and the schedule goes on, so that it ends with the run (it would lag a step for each
+    # skip). Torch takes a skipped first step for a schedule stepped before its optimizer and warns,
+    # once from every process, unless the script says it is expected.
+    args = [*TINY, "--batch-size", "8", "--amp", "fp16"]
+    probed = check(launch("tests/overflow_probe.py", [script, *args, "--out-dir", str(tmp_path / "probed")],
+                          nproc=2, env={"PROBE_DIR": str(tmp_path)}))
+    plain = tmp_path / "plain"
+    run_ok(script, plain, ["--batch-size", "8", "--amp", "fp16"], nproc=2)
+    for rank in (0, 1):  # the first step skipped (the scale halved from 2**16), every later one taken
+        scales = json.loads((tmp_path / f"scales_r{rank}.json").read_text())
+        assert scales == [2.0**15] * 24, scales  # 2 epochs of 192 samples in global batches of 16
+    assert "lr_scheduler.step" not in probed.stdout + probed.stderr, probed.stderr[-3000:]
+    assert [r["lr"] for r in metrics(tmp_path / "probed")] == [r["lr"] for r in metrics(plain)]

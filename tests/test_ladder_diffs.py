@@ -108,8 +108,8 @@ def mutated_copy(tmp_path, script, old, new):
 
 GUARD_MUTATIONS = {
     "a fix to a shared region in one script only": (
-        "ddp_basic.py", "seconds = int(max(seconds, 0))", "seconds = int(max(seconds, 0.0))",
-        "shared region 'format_seconds' differs between single_gpu.py and ddp_basic.py"),
+        "ddp_basic.py", "for p in model.parameters()) / 1e6", "for p in model.parameters()) / 1e6 + 0",
+        "shared region 'describe' differs between single_gpu.py and ddp_basic.py"),
     "a renamed flag": ("ddp_amp_accum.py", '"--batch-size"', '"--batch"', "flag --batch-size disappeared"),
     "a changed default": ("ddp_basic.py", 'default=1.0,', 'default=2.0,', "flag --warmup-epochs changed"),
     "a stray print in an undeclared region": (

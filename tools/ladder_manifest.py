@@ -144,7 +144,7 @@ MANIFEST = {
             "the linear scaling rule (Goyal et al., 2017: with a warm-up, as the cosine schedule has, "
             "it held up to a global batch of 8,192 on ImageNet, not beyond).",
         ]},
-        "diff_size": (196, 69),
+        "diff_size": (195, 69),
     },
     "ddp_amp_accum.py": {
         "concepts": [
@@ -152,12 +152,13 @@ MANIFEST = {
             ("amp", "Mixed precision, in the layout tensor cores want",
              "torch.autocast runs matmuls and convolutions in bf16 or fp16 and keeps the weights in "
              "float32. fp16's small range needs a GradScaler, which scales the loss up before "
-             "backward and the gradients down before the step; bf16 needs none. "
+             "backward and the gradients down before the step; bf16 needs none. A step the scaler "
+             "skips after an overflow keeps its place in the schedule, which so ends with the run. "
              "torch.amp.GradScaler(device), for any device, is torch 2.3's (torch.cuda.amp's is "
              "deprecated). On GPUs the model and the 4-D inputs are channels-last, the layout of "
              "tensor cores' convolutions (--channels-last)."),
             ("accum", "Gradient accumulation with no_sync",
-             "K micro-batches make one optimizer step, their gradients summed. DDP decides in the "
+             "K micro-batches make one optimizer step, their gradients averaged. DDP decides in the "
              "forward whether the backward all-reduces, so no_sync covers the forward and backward "
              "of all but the last micro-batch of a group: one all-reduce per step, not K."),
             ("clip", "Clipping the true gradients",
@@ -168,9 +169,10 @@ MANIFEST = {
         ],
         "regions": {
             "docstring": "top",
-            "imports": [("contextlib", "accum")],
+            "imports": [("contextlib", "accum"), ("warnings", "amp")],
             "AMP_DTYPES": "amp",
             "autocast": "amp",
+            "build_scheduler": "amp",
             "configure_cuda": "amp",
             "to_device": "amp",
             "parse_args": [("--amp", "amp"), ("--channels-last", "amp"), ("--accum-steps", "accum"),
@@ -192,7 +194,7 @@ MANIFEST = {
         "removed": {},
         "flags_added": {"--amp", "--accum-steps", "--clip-grad-norm", "--channels-last", "--global-batch-size"},
         "mechanisms": {"autocast"},
-        "diff_size": (109, 39),
+        "diff_size": (113, 39),
     },
     "ddp_full.py": {
         "concepts": [
@@ -499,7 +501,7 @@ MANIFEST = {
                        "recompute_in_backward", "buffers_kept", "device_mesh",
                        "shard_units", "units_of", "initial_values",
                        "own_initialisation"},
-        "diff_size": (556, 134),
+        "diff_size": (555, 134),
     },
 }
 

@@ -1101,4 +1101,22 @@ PITFALLS = [
         "mutation": ("ddp_full.py", '"config": json.loads(json.dumps(vars(args), default=str)),',
                      '"config": vars(args),'),
     },
+    {
+        "title": "fp16's skipped first step taken for a misordered schedule",
+        "mistake": "leaving torch's warning to speak when fp16's GradScaler skips the first optimizer step, "
+                   "as GPUs often make it do: `Detected call of lr_scheduler.step() before optimizer.step()`",
+        "symptom": "every process warns of a call order the script does not make; a user who quiets it by "
+                   "stepping the schedule only after a step taken leaves the schedule a step behind for each "
+                   "skip, short of its end",
+        "correct": "a skipped step keeps its place in the schedule, which ends with the run, and the script "
+                   "filters that one warning, saying why",
+        "fix": [("ddp_amp_accum.py", 'warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step"'),
+                ("ddp_full.py", 'warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step"'),
+                ("fsdp.py", 'warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step"')],
+        "guards": ["tests/test_amp.py::test_an_fp16_step_the_scaler_skips_takes_its_rate_and_warns_nothing"
+                   "[ddp_amp_accum.py]"],
+        "mutation": ("ddp_amp_accum.py",
+                     'warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step", UserWarning)',
+                     "pass"),
+    },
 ]
