@@ -606,9 +606,9 @@ def list_checkpoints(ckpt_dir):
 def load_checkpoint(path, args):
     """Read and check a checkpoint; anything wrong with it is a ConfigError naming the file."""
     try:
-        # To the CPU: random states must stay CPU tensors, and load_state_dict copies the rest to
-        # the model's device. weights_only: tensors and plain containers, so the file runs no code.
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        # To the CPU: random states stay CPU tensors, load_state_dict copies the rest. mmap: the
+        # processes share the file's pages, not a copy each. weights_only: the file runs no code.
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as err:  # weights_only runs nothing from the file: what fails is the file
         reason = f"{type(err).__name__} {(str(err).strip().splitlines() or [''])[0]}"
         raise ConfigError(f"checkpoint {path} cannot be read: {reason}") from None

@@ -5,7 +5,9 @@ the same order from the same state (weights, optimizer, scaler, per-process rand
 partial loss sums, position in the epoch, and on 3 or more processes DDP's gradient buckets), and
 CPU runs are bitwise repeatable.
 """
+import argparse
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -144,6 +146,21 @@ def test_checkpoint_holds_the_unwrapped_model_and_everything_resume_needs(runs):
     final = weights(reference)
     assert all(torch.equal(final[k], checkpoint["model"][k]) for k in final)
 
+
+
+def test_a_resume_maps_the_checkpoint_into_memory_rather_than_reading_a_copy_into_each_process(runs):
+    # Every process reads the checkpoint it resumes from: read, a node of 8 GPUs holds 8 copies of
+    # the model and its optimizer state in host memory at once; memory-mapped, the page cache's one.
+    from test_validation import load_script
+
+    reference = runs.get("full_w2", "ddp_full.py", ARGS, nproc=2)
+    path = sorted((reference / "checkpoints").glob("step_*.pt"))[-1]
+    settings = argparse.Namespace(**torch.load(path, weights_only=True)["config"])  # the run's own
+    checkpoint = load_script("ddp_full.py").load_checkpoint(path, settings)
+    mapped = [[int(address, 16) for address in line.split()[0].split("-")]
+              for line in Path("/proc/self/maps").read_text().splitlines() if line.endswith(str(path))]
+    for name, tensor in checkpoint["model"].items():  # each tensor's bytes lie in the file's mapping
+        assert any(start <= tensor.data_ptr() < end for start, end in mapped), (name, mapped)
 
 def test_a_finished_run_started_again_says_so_and_trains_nothing(runs, tmp_path):
     # The Quickstart command run a second time: the newest checkpoint is the last epoch's.

@@ -153,7 +153,7 @@ MANIFEST = {
              "torch.autocast runs matmuls and convolutions in bf16 or fp16 and keeps the weights in "
              "float32. fp16's small range needs a GradScaler, which scales the loss up before "
              "backward and the gradients down before the step; bf16 needs none. A step the scaler "
-             "skips after an overflow keeps its place in the schedule, which so ends with the run. "
+             "skips after an overflow still counts in the schedule, so that it ends when the run does. "
              "torch.amp.GradScaler(device), for any device, is torch 2.3's (torch.cuda.amp's is "
              "deprecated). On GPUs the model and the 4-D inputs are channels-last, the layout of "
              "tensor cores' convolutions (--channels-last)."),

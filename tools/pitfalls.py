@@ -423,11 +423,11 @@ PITFALLS = [
                    "states can only be restored from CPU byte tensors",
         "correct": "load to the CPU (`map_location=\"cpu\"`); `load_state_dict` copies weights and optimizer "
                    "state to the model's device, and the random states stay where they must be",
-        "fix": [("ddp_full.py", 'checkpoint = torch.load(path, map_location="cpu", weights_only=True)')],
+        "fix": [("ddp_full.py", 'checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)')],
         "guards": ["tests/test_gpu_paths.py::test_a_checkpoint_restores_onto_another_device_than_the_cpu"],
         # The meta device stands in for the GPU, which CI does not have.
-        "mutation": ("ddp_full.py", 'checkpoint = torch.load(path, map_location="cpu", weights_only=True)',
-                     'checkpoint = torch.load(path, map_location="meta", weights_only=True)'),
+        "mutation": ("ddp_full.py", 'checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)',
+                     'checkpoint = torch.load(path, map_location="meta", weights_only=True, mmap=True)'),
     },
     {
         "title": "BatchNorm statistics that differ across ranks in sharded validation",
@@ -1118,5 +1118,19 @@ PITFALLS = [
         "mutation": ("ddp_amp_accum.py",
                      'warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step", UserWarning)',
                      "pass"),
+    },
+    {
+        "title": "A copy of the checkpoint in every process",
+        "mistake": "resuming with a plain `torch.load` of the checkpoint in every process",
+        "symptom": "a node's processes each read the model and its optimizer state into host memory at once: "
+                   "8 GPUs, 8 copies (a 1.5-billion-parameter model with AdamW: about 150 GB), and the resume "
+                   "dies of the out-of-memory killer on a node that trains it with room to spare",
+        "correct": "`torch.load(..., mmap=True)`: the file's pages, shared in the page cache, read as "
+                   "`load_state_dict` copies them",
+        "fix": [("ddp_full.py", 'checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)')],
+        "guards": ["tests/test_resume.py::"
+                   "test_a_resume_maps_the_checkpoint_into_memory_rather_than_reading_a_copy_into_each_process"],
+        "mutation": ("ddp_full.py", 'checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)',
+                     'checkpoint = torch.load(path, map_location="cpu", weights_only=True)'),
     },
 ]
