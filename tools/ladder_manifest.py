@@ -536,7 +536,8 @@ BRIEF = {
                  "fmt = torch.channels_last if", "scaler.step(optimizer)", "scaler.update()"]),
         ("accum", ["scheduler = build_scheduler(",
                    "group_start = batch_index", "group_size = min(", "last_in_group = batch_index",
-                   "sync_context = contextlib", "*with sync_context:", "*if not last_in_group:"]),
+                   "sync_context = contextlib", "*with sync_context:", "*if not last_in_group:",
+                   ("train_one_epoch", "scheduler.step()"), "optimizer.zero_grad(set_to_none=True)"]),
         ("clip", ["if args.clip_grad_norm > 0:", "scaler.unscale_(optimizer)", "grad_norm = torch.nn.utils"]),
     ],
     "ddp_full.py": [
