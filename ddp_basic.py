@@ -52,7 +52,7 @@ OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.03, "weight_decay": 5e-4},
 def train(args):
     rank, local_rank, world_size, device = setup_distributed(args)
     configure_cuda()
-    # Rank 0 writes the results: if it cannot, the run stops now, not after training.
+    # Rank 0 writes the results: a folder it cannot make stops the run now, not after training.
     rank0_only(rank, prepare_out_dir, args)
     train_set, val_set, num_outputs = rank0_first(rank, build_datasets, args)
     train_loader, val_loader = build_loaders(args, train_set, val_set, device, rank, world_size)

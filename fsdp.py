@@ -149,7 +149,7 @@ def train(args):
     rank, local_rank, world_size, device = setup_distributed(args)
     args.accum_steps = accum_steps_for(args, world_size)  # [optional: global batch]
     configure_cuda(args, device)
-    # Every process writes its shards: if one cannot, the run stops now, not after training.
+    # Every process writes its shards: a folder one cannot make stops the run now, before training.
     rank0_first(rank, prepare_out_dir, args)
     train_set, val_set, num_outputs = rank0_first(rank, build_datasets, args)
     # [optional: model check]

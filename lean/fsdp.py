@@ -81,7 +81,7 @@ CHECKPOINT_NAME = re.compile(r"^step_(\d+)$")
 def train(args):
     rank, local_rank, world_size, device = setup_distributed(args)
     configure_cuda(args, device)
-    # Every process writes its shards: if one cannot, the run stops now, not after training.
+    # Every process writes its shards: a folder one cannot make stops the run now, before training.
     rank0_first(rank, prepare_out_dir, args)
     train_set, val_set, num_outputs = rank0_first(rank, build_datasets, args)
     train_loader, val_loader = build_loaders(args, train_set, val_set, device, rank, world_size)

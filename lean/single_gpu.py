@@ -33,7 +33,7 @@ OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.03, "weight_decay": 5e-4},
 def train(args):
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     configure_cuda()
-    # If the results cannot be written, stop now, not after training.
+    # The results' folder, made now: one that cannot be made stops the run before training.
     prepare_out_dir(args)
     train_set, val_set, num_outputs = build_datasets(args)
     train_loader, val_loader = build_loaders(args, train_set, val_set, device)
