@@ -147,7 +147,6 @@ def test_checkpoint_holds_the_unwrapped_model_and_everything_resume_needs(runs):
     assert all(torch.equal(final[k], checkpoint["model"][k]) for k in final)
 
 
-
 def test_a_resume_maps_the_checkpoint_into_memory_rather_than_reading_a_copy_into_each_process(runs):
     # Every process reads the checkpoint it resumes from: read, a node of 8 GPUs holds 8 copies of
     # the model and its optimizer state in host memory at once; memory-mapped, the page cache's one.
@@ -161,6 +160,7 @@ def test_a_resume_maps_the_checkpoint_into_memory_rather_than_reading_a_copy_int
               for line in Path("/proc/self/maps").read_text().splitlines() if line.endswith(str(path))]
     for name, tensor in checkpoint["model"].items():  # each tensor's bytes lie in the file's mapping
         assert any(start <= tensor.data_ptr() < end for start, end in mapped), (name, mapped)
+
 
 def test_a_finished_run_started_again_says_so_and_trains_nothing(runs, tmp_path):
     # The Quickstart command run a second time: the newest checkpoint is the last epoch's.
