@@ -103,7 +103,6 @@ def test_global_batch_size_given_first_on_a_resume_keeps_the_global_batch_of_the
     assert_one_clear_error(refused, "ddp_full.py", "is from a run with --accum-steps 2, this run has 8")
 
 
-
 @pytest.mark.slow
 def test_resnet18_with_augmenting_workers_resumes_on_another_number_of_processes(image_tree, tmp_path):
     # BatchNorm (rank 0's statistics go on) and augmenting workers (each sample's draws keyed by
