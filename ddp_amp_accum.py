@@ -59,6 +59,8 @@ def train(args):
     rank, local_rank, world_size, device = setup_distributed(args)
     args.accum_steps = accum_steps_for(args, world_size)  # [optional: global batch]
     configure_cuda(args, device)
+    if args.accum_steps < 1:  # 0 divides by zero; below it no group ends, so no step is ever taken
+        raise ConfigError(f"--accum-steps must be at least 1, got {args.accum_steps}")
     # Rank 0 writes the results: a folder it cannot make stops the run now, not after training.
     rank0_only(rank, prepare_out_dir, args)
     train_set, val_set, num_outputs = rank0_first(rank, build_datasets, args)
@@ -194,8 +196,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, e
 
 @torch.no_grad()
 def evaluate(args, model, loader, device):
-    """Return the sums of EVAL_METRICS and the number of samples over the loader: sums, since a
-    mean over batches of different sizes is not the mean over samples."""
+    """Sums of EVAL_METRICS and the sample count: a mean of batch means is not the sample mean."""
     model.eval()
     totals = torch.zeros(len(EVAL_METRICS) + 1, dtype=torch.float64, device=device)
     for batch in loader:
@@ -207,8 +208,7 @@ def evaluate(args, model, loader, device):
 
 
 def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds, lr):
-    """One line of metrics.jsonl: means over all samples, the validation samples counted, timings,
-    and the learning rate the schedule has reached."""
+    """One line of metrics.jsonl: means over all samples, val_samples, timings, the rate reached."""
     count = val_totals[-1].item()
     val = {f"val_{name}": val_totals[i].item() / count for i, name in enumerate(EVAL_METRICS)}
     return {"epoch": epoch + 1, "train_loss": train_totals[0].item() / train_totals[1].item(),
@@ -564,7 +564,7 @@ def write_metrics(path, history):
 
 
 class ConfigError(Exception):
-    """An error the user can act on: one line and a non-zero exit, never a traceback. Rank 0 reports
+    """An error the user can act on: one line and a non-zero exit, not a traceback. Rank 0 reports
     it (bad input, met by all), or the process it names by rank (met alone: a GPU it cannot see)."""
 
     def __init__(self, message, status=2, rank=None):

@@ -81,6 +81,8 @@ CHECKPOINT_NAME = re.compile(r"^step_(\d+)$")
 def train(args):
     rank, local_rank, world_size, device = setup_distributed(args)
     configure_cuda(args, device)
+    if args.accum_steps < 1:  # 0 divides by zero; below it no group ends, so no step is ever taken
+        raise ConfigError(f"--accum-steps must be at least 1, got {args.accum_steps}")
     # Every process writes its shards: a folder one cannot make stops the run now, before training.
     rank0_first(rank, prepare_out_dir, args)
     train_set, val_set, num_outputs = rank0_first(rank, build_datasets, args)
@@ -231,8 +233,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
 
 @torch.no_grad()
 def evaluate(args, model, loader, device):
-    """Return the sums of EVAL_METRICS and the sample count over the whole set (sums: a mean over
-    batches of unequal size is not one over samples); each process scores its shard, all-reduced."""
+    """Sums of EVAL_METRICS and the sample count over the whole set: each process scores a shard."""
     # Every process scores its shard with rank 0's buffers (BatchNorm's running statistics), those
     # of the model saved: FSDP shards parameters, not buffers, and each process updates its own.
     broadcast_buffers(model)
@@ -288,8 +289,7 @@ def val_record(val_totals):
 
 
 def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds, lr):
-    """One line of metrics.jsonl: means over all samples, the samples counted, timings, and the
-    learning rate the schedule has reached."""
+    """One line of metrics.jsonl: means over all samples, val_samples, timings, the rate reached."""
     return {"epoch": epoch + 1, "train_loss": train_totals[0].item() / train_totals[1].item(),
             **val_record(val_totals), "samples_per_sec": train_totals[1].item() / train_seconds,
             "train_seconds": train_seconds, "val_seconds": val_seconds, "lr": lr}
@@ -990,7 +990,7 @@ def write_metrics(path, history):
 
 
 class ConfigError(Exception):
-    """An error the user can act on: one line and a non-zero exit, never a traceback. Rank 0 reports
+    """An error the user can act on: one line and a non-zero exit, not a traceback. Rank 0 reports
     it (bad input, met by all), or the process it names by rank (met alone: a GPU it cannot see)."""
 
     def __init__(self, message, status=2, rank=None):

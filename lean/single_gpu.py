@@ -109,8 +109,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, device, epoch):
 
 @torch.no_grad()
 def evaluate(args, model, loader, device):
-    """Return the sums of EVAL_METRICS and the number of samples over the loader: sums, since a
-    mean over batches of different sizes is not the mean over samples."""
+    """Sums of EVAL_METRICS and the sample count: a mean of batch means is not the sample mean."""
     model.eval()
     totals = torch.zeros(len(EVAL_METRICS) + 1, dtype=torch.float64, device=device)
     for batch in loader:
@@ -121,8 +120,7 @@ def evaluate(args, model, loader, device):
 
 
 def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds, lr):
-    """One line of metrics.jsonl: means over all samples, the validation samples counted, timings,
-    and the learning rate the schedule has reached."""
+    """One line of metrics.jsonl: means over all samples, val_samples, timings, the rate reached."""
     count = val_totals[-1].item()
     val = {f"val_{name}": val_totals[i].item() / count for i, name in enumerate(EVAL_METRICS)}
     return {"epoch": epoch + 1, "train_loss": train_totals[0].item() / train_totals[1].item(),
@@ -351,7 +349,7 @@ def write_metrics(path, history):
 
 
 class ConfigError(Exception):
-    """Bad input the user can act on: one line and exit status 2, never a traceback."""
+    """Bad input the user can act on: one line and exit status 2, not a traceback."""
 
 
 def parse_args(argv=None):

@@ -68,6 +68,16 @@ def test_accum_steps_zero_is_one_clear_error(script, tmp_path, capsys):
     assert_one_clear_error(result, script, "--accum-steps must be at least 1, got 0")
 
 
+@pytest.mark.parametrize("script", ["ddp_amp_accum.py", "ddp_full.py", "fsdp.py"])
+def test_a_negative_accum_steps_is_one_clear_error_in_the_lean_copy_too(script, tmp_path):
+    # The lean copy has no value checks: train() checks --accum-steps where it meets it. A negative
+    # count never ends a group of micro-batches: the run took no optimizer step, printed its epochs
+    # and saved its initial weights with exit 0 (measured on lean/ddp_amp_accum.py: 8 of 8 tensors).
+    result = launch(f"lean/{script}", [*TINY, "--accum-steps", "-1", "--out-dir", str(tmp_path / "out")])
+    assert_one_clear_error(result, script, "--accum-steps must be at least 1, got -1")
+    assert not (tmp_path / "out").exists()
+
+
 def test_bucket_cap_mb_zero_is_one_clear_error(tmp_path, capsys):
     result = call_main("ddp_full.py", [*TINY, "--bucket-cap-mb", "0", "--out-dir", str(tmp_path)], capsys)
     assert_one_clear_error(result, "ddp_full.py", "--bucket-cap-mb must be positive, got 0.0")

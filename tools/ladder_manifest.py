@@ -189,12 +189,13 @@ MANIFEST = {
             "evaluate": "amp",
             "train": [("GradScaler", "amp"), ("global batch", "accum"), ("configure_cuda", "amp"),
                       ("memory_format", "amp"), ("channels_last", "amp"),
-                      ("steps_per_epoch=math.ceil", "accum"), ("scheduler, scaler", "amp")],
+                      ("steps_per_epoch=math.ceil", "accum"), ("scheduler, scaler", "amp"),
+                      ("accum_steps < 1", "accum")],
         },
         "removed": {},
         "flags_added": {"--amp", "--accum-steps", "--clip-grad-norm", "--channels-last", "--global-batch-size"},
         "mechanisms": {"autocast"},
-        "diff_size": (113, 39),
+        "diff_size": (115, 39),
     },
     "ddp_full.py": {
         "concepts": [
@@ -361,7 +362,7 @@ MANIFEST = {
                        "ReadableSamples", "readable_sets", "report_unreadable", "check_task",
                        "check_model_fits", "flight_recorder",
                        "init_weights_from"},
-        "diff_size": (992, 58),
+        "diff_size": (989, 55),
     },
     "fsdp.py": {
         "concepts": [

@@ -1133,4 +1133,18 @@ PITFALLS = [
         "mutation": ("ddp_full.py", 'checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)',
                      'checkpoint = torch.load(path, map_location="cpu", weights_only=True)'),
     },
+    {
+        "title": "A negative --accum-steps that trains nothing",
+        "mistake": "using `--accum-steps` as given, unchecked, where a trainer without up-front value checks "
+                   "(a lean copy) meets it",
+        "symptom": "with a negative count no group of micro-batches ever ends: the run takes no optimizer step, "
+                   "prints its epochs (the loss flat), saves its initial weights and exits 0; 0 divides by zero",
+        "correct": "`train()` checks the count where it meets it: one line, exit 2, nothing written (the value "
+                   "checks say the same before any work in the whole scripts)",
+        "fix": [("ddp_amp_accum.py", "if args.accum_steps < 1:"), ("ddp_full.py", "if args.accum_steps < 1:"),
+                ("fsdp.py", "if args.accum_steps < 1:")],
+        "guards": ["tests/test_bad_input.py::test_a_negative_accum_steps_is_one_clear_error_in_the_lean_copy_too"
+                   "[ddp_amp_accum.py]"],
+        "mutation": ("lean/ddp_amp_accum.py", "if args.accum_steps < 1:", "if False:"),
+    },
 ]
