@@ -196,7 +196,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, e
 
 @torch.no_grad()
 def evaluate(args, model, loader, device):
-    """Sums of EVAL_METRICS and the sample count: a mean of batch means is not the sample mean."""
+    """The sums of EVAL_METRICS and the sample count: a last, short batch skews a mean of means."""
     model.eval()
     totals = torch.zeros(len(EVAL_METRICS) + 1, dtype=torch.float64, device=device)
     for batch in loader:
@@ -208,7 +208,7 @@ def evaluate(args, model, loader, device):
 
 
 def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds, lr):
-    """One line of metrics.jsonl: means over all samples, val_samples, timings, the rate reached."""
+    """One line of metrics.jsonl: means over all samples, val_samples, timings, the lr reached."""
     count = val_totals[-1].item()
     val = {f"val_{name}": val_totals[i].item() / count for i, name in enumerate(EVAL_METRICS)}
     return {"epoch": epoch + 1, "train_loss": train_totals[0].item() / train_totals[1].item(),
@@ -667,7 +667,7 @@ def check_args(args):
 def accum_steps_for(args, world_size):
     """--accum-steps (1 by default), or --global-batch-size / (--batch-size x processes)."""
     if args.global_batch_size is None:
-        return args.accum_steps or 1
+        return 1 if args.accum_steps is None else args.accum_steps
     steps = args.global_batch_size / (args.batch_size * world_size)
     if steps < 1 or steps != int(steps) or args.accum_steps not in (None, steps):
         raise ConfigError(f"--global-batch-size {args.global_batch_size} / (--batch-size "

@@ -153,7 +153,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, device, epoch):
 
 @torch.no_grad()
 def evaluate(args, model, loader, device):
-    """Sums of EVAL_METRICS and the sample count: a mean of batch means is not the sample mean."""
+    """The sums of EVAL_METRICS and the sample count: a last, short batch skews a mean of means."""
     model.eval()
     totals = torch.zeros(len(EVAL_METRICS) + 1, dtype=torch.float64, device=device)
     for batch in loader:
@@ -164,7 +164,7 @@ def evaluate(args, model, loader, device):
 
 
 def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds, lr):
-    """One line of metrics.jsonl: means over all samples, val_samples, timings, the rate reached."""
+    """One line of metrics.jsonl: means over all samples, val_samples, timings, the lr reached."""
     count = val_totals[-1].item()
     val = {f"val_{name}": val_totals[i].item() / count for i, name in enumerate(EVAL_METRICS)}
     return {"epoch": epoch + 1, "train_loss": train_totals[0].item() / train_totals[1].item(),

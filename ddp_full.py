@@ -73,7 +73,7 @@ import sys
 import tempfile  # [optional: value checks]
 import time
 import warnings
-import zipfile  # [optional: init-from]
+import zipfile
 from pathlib import Path
 
 import torch
@@ -353,7 +353,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
 
 @torch.no_grad()
 def evaluate(args, model, loader, device):
-    """Sums of EVAL_METRICS and the sample count over the whole set: each process scores a shard.
+    """The sums of EVAL_METRICS and the sample count: each process scores a shard, all-reduced.
     # [optional: preemption, mid-epoch]
     None: every process stops at this batch (SIGTERM).
     """
@@ -409,7 +409,7 @@ def val_record(val_totals):
 
 
 def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds, lr):
-    """One line of metrics.jsonl: means over all samples, val_samples, timings, the rate reached."""
+    """One line of metrics.jsonl: means over all samples, val_samples, timings, the lr reached."""
     return {"epoch": epoch + 1, "train_loss": train_totals[0].item() / train_totals[1].item(),
             "train_unreadable": int(train_totals[-1].item()),  # [optional: unreadable files]
             **val_record(val_totals), "samples_per_sec": train_totals[1].item() / train_seconds,
@@ -947,9 +947,9 @@ def list_checkpoints(ckpt_dir):
 def load_checkpoint(path, args):
     """Read and check a checkpoint; anything wrong with it is a ConfigError naming the file."""
     try:
-        # To the CPU: random states stay CPU tensors, load_state_dict copies the rest. mmap: the
-        # processes share the file's pages, not a copy each. weights_only: the file runs no code.
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        # To the CPU, where random states must be; mmap: a node's processes share the file's pages.
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True,
+                                mmap=zipfile.is_zipfile(path))  # not zip: the file's own error
     except Exception as err:  # weights_only runs nothing from the file: what fails is the file
         reason = f"{type(err).__name__} {(str(err).strip().splitlines() or [''])[0]}"
         raise ConfigError(f"checkpoint {path} cannot be read: {reason}") from None
@@ -1336,8 +1336,7 @@ def configure_cuda(args, device):
         args.tf32 = args.cudnn_benchmark = False
     # TF32: float32 matmuls and convolutions on tensor cores, several times faster from Ampere on.
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32
-    # cuDNN times its algorithms for each new input shape and keeps the fastest: its choice may
-    # differ from run to run, and with it a GPU run's last bits.
+    # cuDNN times its algorithms per input shape and keeps the fastest: a GPU run's bits may vary.
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
 
 
@@ -1574,7 +1573,7 @@ def check_args(args):
 def accum_steps_for(args, world_size):
     """--accum-steps (1 by default), or --global-batch-size / (--batch-size x processes)."""
     if args.global_batch_size is None:
-        return args.accum_steps or 1
+        return 1 if args.accum_steps is None else args.accum_steps
     steps = args.global_batch_size / (args.batch_size * world_size)
     if steps < 1 or steps != int(steps) or args.accum_steps not in (None, steps):
         raise ConfigError(f"--global-batch-size {args.global_batch_size} / (--batch-size "

@@ -35,6 +35,7 @@ import re
 import sys
 import time
 import warnings
+import zipfile
 from pathlib import Path
 
 import torch
@@ -211,7 +212,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
 
 @torch.no_grad()
 def evaluate(args, model, loader, device):
-    """Sums of EVAL_METRICS and the sample count over the whole set: each process scores a shard."""
+    """The sums of EVAL_METRICS and the sample count: each process scores a shard, all-reduced."""
     # Every process scores its shard with rank 0's buffers (BatchNorm's running statistics), those
     # of the model saved: each has updated its own since DDP last broadcast them.
     broadcast_buffers(model)
@@ -247,7 +248,7 @@ def val_record(val_totals):
 
 
 def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds, lr):
-    """One line of metrics.jsonl: means over all samples, val_samples, timings, the rate reached."""
+    """One line of metrics.jsonl: means over all samples, val_samples, timings, the lr reached."""
     return {"epoch": epoch + 1, "train_loss": train_totals[0].item() / train_totals[1].item(),
             **val_record(val_totals), "samples_per_sec": train_totals[1].item() / train_seconds,
             "train_seconds": train_seconds, "val_seconds": val_seconds, "lr": lr}
@@ -606,9 +607,9 @@ def list_checkpoints(ckpt_dir):
 def load_checkpoint(path, args):
     """Read and check a checkpoint; anything wrong with it is a ConfigError naming the file."""
     try:
-        # To the CPU: random states stay CPU tensors, load_state_dict copies the rest. mmap: the
-        # processes share the file's pages, not a copy each. weights_only: the file runs no code.
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        # To the CPU, where random states must be; mmap: a node's processes share the file's pages.
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True,
+                                mmap=zipfile.is_zipfile(path))  # not zip: the file's own error
     except Exception as err:  # weights_only runs nothing from the file: what fails is the file
         reason = f"{type(err).__name__} {(str(err).strip().splitlines() or [''])[0]}"
         raise ConfigError(f"checkpoint {path} cannot be read: {reason}") from None
@@ -720,8 +721,7 @@ def configure_cuda(args, device):
         args.channels_last = device.type == "cuda"
     # TF32: float32 matmuls and convolutions on tensor cores, several times faster from Ampere on.
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32
-    # cuDNN times its algorithms for each new input shape and keeps the fastest: its choice may
-    # differ from run to run, and with it a GPU run's last bits.
+    # cuDNN times its algorithms per input shape and keeps the fastest: a GPU run's bits may vary.
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
 
 

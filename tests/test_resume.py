@@ -157,7 +157,7 @@ def test_a_resume_maps_the_checkpoint_into_memory_rather_than_reading_a_copy_int
     settings = argparse.Namespace(**torch.load(path, weights_only=True)["config"])  # the run's own
     checkpoint = load_script("ddp_full.py").load_checkpoint(path, settings)
     mapped = [[int(address, 16) for address in line.split()[0].split("-")]
-              for line in Path("/proc/self/maps").read_text().splitlines() if line.endswith(str(path))]
+              for line in Path("/proc/self/maps").read_text().splitlines() if line.endswith(str(path.resolve()))]
     for name, tensor in checkpoint["model"].items():  # each tensor's bytes lie in the file's mapping
         assert any(start <= tensor.data_ptr() < end for start, end in mapped), (name, mapped)
 
