@@ -146,7 +146,7 @@ MAX_UNREADABLE_IN_A_ROW = 16
 # --- main -----------------------------------------------------------------------------------------
 
 def train(args):
-    rank, local_rank, world_size, device = setup_distributed(args)
+    rank, _, world_size, device = setup_distributed(args)
     args.accum_steps = accum_steps_for(args, world_size)  # [optional: global batch]
     configure_cuda(args, device)
     if args.accum_steps < 1:  # 0 divides by zero; below it no group ends, so no step is ever taken
@@ -165,7 +165,6 @@ def train(args):
     model = build_on_meta(args, num_outputs)
     set_seed(args.seed)
     values = rank0_only(rank, initial_values, args, num_outputs)
-    # --channels-last reorders the inputs alone: fully_shard takes contiguous parameters only.
     log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
     if args.compile:
         log(f"torch.compile: {compile_model(model)}")
@@ -201,7 +200,7 @@ def train(args):
         f"timeout {args.timeout_min:g} min")
     local, whole = shard_sizes(model)
     log(f"FSDP: {units} units | this process holds {local / 1e6:.3g} M of {whole / 1e6:.3g} M "
-        f"parameters (1/{whole / local:.3g}), and as much of their gradients and optimizer state")
+        f"parameters ({local / whole:.1%}), and as much of their gradients and optimizer state")
     log(f"global batch {args.batch_size * world_size * args.accum_steps} = {args.batch_size} per "
         f"process x {world_size} processes x {args.accum_steps} accumulation steps | "
         f"amp {args.amp} | {recipe(args)}")
@@ -425,16 +424,11 @@ def evaluate(args, model, loader, device):
 
 
 def broadcast_buffers(model):
-    """Rank 0's buffers (BatchNorm's statistics, each process's own in training) to every process:
-    one broadcast per dtype, not one per buffer (resnet50 has 159)."""
-    by_dtype = {}
+    """Rank 0's buffers (BatchNorm's statistics, each process's own in training) to all others."""
     for buffer in model.buffers():
-        by_dtype.setdefault(buffer.dtype, []).append(buffer)
-    for buffers in by_dtype.values():
-        flat = torch.cat([buffer.reshape(-1) for buffer in buffers])
-        dist.broadcast(flat, src=0)
-        for buffer, values in zip(buffers, flat.split([buffer.numel() for buffer in buffers])):
-            buffer.copy_(values.view_as(buffer))
+        values = buffer.contiguous()  # gloo leaves a strided view's values as they were
+        dist.broadcast(values, src=0)
+        buffer.copy_(values)
 
 
 def spare_batch(loader, device, channels_last):
@@ -462,9 +456,8 @@ def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds, lr
 
 
 # --- your data and model ------------------------------------------------------------------------
-# The one section to edit to train something else: the task's flags, data sets and model, what a
-# batch costs (the loss) and scores (the metrics). Nothing outside it knows about images, classes
-# or these flags (tests/test_seam.py swaps in another task to prove it).
+# The one section to edit to train something else: the task's flags, data sets and model, loss
+# and metrics. Nothing outside it knows about images, classes or these flags.
 
 SYNTHETIC_DEFAULTS = {"train": 4096, "val": 1000}
 NUM_SYNTHETIC_CLASSES = 10
@@ -1060,7 +1053,7 @@ def build_on_meta(args, num_outputs):
         with torch.device("meta"):
             return build_model(args, num_outputs)
     except (RuntimeError, NotImplementedError) as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        reason = first_line(err)
         raise ConfigError(f"the model cannot be built on the meta device, where every process "
                           f"builds its shapes: {reason}; compute what its __init__ needs from its "
                           f"arguments, not from tensor values") from None
@@ -1205,6 +1198,7 @@ class TrainState:
     epoch: int = 0  # the epoch under way; those before it are done, validation included
     global_step: int = 0
     history: list = dataclasses.field(default_factory=list)  # one metrics record per epoch done
+    train_set_size: int = 0  # the schedule counts epochs of it: other data would misplace it
     step_in_epoch: int = 0  # [optional: mid-epoch]
     # [optional: mid-epoch]
     epoch_position: int = 0  # samples of the epoch's order consumed by all processes together
@@ -1215,7 +1209,7 @@ class TrainState:
     train_unreadable: int = 0  # [optional: unreadable files]
 
 
-SHARED_STATE = ("epoch", "global_step", "history")
+SHARED_STATE = ("epoch", "global_step", "history", "train_set_size")
 SHARED_STATE += ("step_in_epoch", "epoch_position")  # [optional: mid-epoch]
 PER_PROCESS_STATE = ("rng",)
 PER_PROCESS_STATE += ("train_totals", "train_seconds")  # [optional: mid-epoch]
@@ -1338,7 +1332,7 @@ def check_shards(path, advice=""):
                 raise ConfigError(f"checkpoint {path} cannot be read: {info.relative_path} is cut "
                                   f"short ({size} bytes){advice}")
     except (OSError, ValueError, EOFError, pickle.UnpicklingError) as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        reason = first_line(err)
         raise ConfigError(f"checkpoint {path} cannot be read: {reason}{advice}") from None
 
 
@@ -1471,7 +1465,10 @@ def start_or_resume(args, checkpoint, path, model, optimizer, scheduler, scaler,
                     rank):
     """The TrainState to start from: a fresh one, or the checkpoint's with all it holds restored."""
     if checkpoint is None:
-        return TrainState(rng=rng_state())
+        return TrainState(rng=rng_state(), train_set_size=len(train_loader.dataset))
+    if checkpoint["train_set_size"] != len(train_loader.dataset):  # --data-dir moved, not changed
+        raise ConfigError(f"checkpoint {path} is from a run with {checkpoint['train_set_size']} "
+                          f"training samples, this run has {len(train_loader.dataset)}")
     state = restore(checkpoint, path, model, optimizer, scheduler, scaler, rank)
     if checkpoint["world_size"] != dist.get_world_size():
         # Another number of processes: the schedule goes on from the same fraction of the run.
@@ -1668,7 +1665,7 @@ def check_model_fits(args, num_outputs, train_set, val_set, world_size):
     except (RuntimeError, ValueError, AssertionError, TypeError, IndexError) as err:
         if "meta tensors" in str(err):
             return  # a value read (.item(), int() of a count): no verdict, the first step will tell
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        reason = first_line(err)
         hint = where if isinstance(err, ValueError) else where and " (in training mode)"
         raise ConfigError(f"the model does not fit the data: {reason}{hint}") from None
 
@@ -1688,8 +1685,7 @@ def read_state_dict(path):
         state = state["model"]  # a training checkpoint
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ConfigError(f"--init-from {path} holds no state dict")
-    # Wrappers put a prefix before every key -- DDP's and DataParallel's "module.", torch.compile's
-    # "_orig_mod." -- that the plain model does not have.
+    # The prefixes wrappers put before every key (DDP's, DataParallel's; torch.compile's): off.
     prefixes = ("module.", "_orig_mod.")
     while state and (prefix := next((p for p in prefixes if all(k.startswith(p) for k in state)),
                                     None)):

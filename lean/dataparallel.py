@@ -151,9 +151,8 @@ def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds, lr
 
 
 # --- your data and model ------------------------------------------------------------------------
-# The one section to edit to train something else: the task's flags, data sets and model, what a
-# batch costs (the loss) and scores (the metrics). Nothing outside it knows about images, classes
-# or these flags (tests/test_seam.py swaps in another task to prove it).
+# The one section to edit to train something else: the task's flags, data sets and model, loss
+# and metrics. Nothing outside it knows about images, classes or these flags.
 
 SYNTHETIC_DEFAULTS = {"train": 4096, "val": 1000}
 NUM_SYNTHETIC_CLASSES = 10

@@ -228,16 +228,11 @@ def evaluate(args, model, loader, device):
 
 
 def broadcast_buffers(model):
-    """Rank 0's buffers (BatchNorm's statistics, each process's own in training) to every process:
-    one broadcast per dtype, not one per buffer (resnet50 has 159)."""
-    by_dtype = {}
+    """Rank 0's buffers (BatchNorm's statistics, each process's own in training) to all others."""
     for buffer in model.buffers():
-        by_dtype.setdefault(buffer.dtype, []).append(buffer)
-    for buffers in by_dtype.values():
-        flat = torch.cat([buffer.reshape(-1) for buffer in buffers])
-        dist.broadcast(flat, src=0)
-        for buffer, values in zip(buffers, flat.split([buffer.numel() for buffer in buffers])):
-            buffer.copy_(values.view_as(buffer))
+        values = buffer.contiguous()  # gloo leaves a strided view's values as they were
+        dist.broadcast(values, src=0)
+        buffer.copy_(values)
 
 
 def val_record(val_totals):
@@ -255,9 +250,8 @@ def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds, lr
 
 
 # --- your data and model ------------------------------------------------------------------------
-# The one section to edit to train something else: the task's flags, data sets and model, what a
-# batch costs (the loss) and scores (the metrics). Nothing outside it knows about images, classes
-# or these flags (tests/test_seam.py swaps in another task to prove it).
+# The one section to edit to train something else: the task's flags, data sets and model, loss
+# and metrics. Nothing outside it knows about images, classes or these flags.
 
 SYNTHETIC_DEFAULTS = {"train": 4096, "val": 1000}
 NUM_SYNTHETIC_CLASSES = 10
@@ -547,11 +541,12 @@ class TrainState:
     epoch: int = 0  # the epoch under way; those before it are done, validation included
     global_step: int = 0
     history: list = dataclasses.field(default_factory=list)  # one metrics record per epoch done
+    train_set_size: int = 0  # the schedule counts epochs of it: other data would misplace it
     # Each process's own (rank 0 gathers them):
     rng: dict = None  # Python's and torch's random states
 
 
-SHARED_STATE = ("epoch", "global_step", "history")
+SHARED_STATE = ("epoch", "global_step", "history", "train_set_size")
 PER_PROCESS_STATE = ("rng",)
 
 
@@ -698,7 +693,10 @@ def start_or_resume(args, checkpoint, path, model, optimizer, scheduler, scaler,
                     rank):
     """The TrainState to start from: a fresh one, or the checkpoint's with all it holds restored."""
     if checkpoint is None:
-        return TrainState(rng=rng_state())
+        return TrainState(rng=rng_state(), train_set_size=len(train_loader.dataset))
+    if checkpoint["train_set_size"] != len(train_loader.dataset):  # --data-dir moved, not changed
+        raise ConfigError(f"checkpoint {path} is from a run with {checkpoint['train_set_size']} "
+                          f"training samples, this run has {len(train_loader.dataset)}")
     state = restore(checkpoint, path, model.module, optimizer, scheduler, scaler, rank)
     if checkpoint["world_size"] != dist.get_world_size():
         # Another number of processes: the schedule goes on from the same fraction of the run.

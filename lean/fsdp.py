@@ -79,7 +79,7 @@ CHECKPOINT_NAME = re.compile(r"^step_(\d+)$")
 # --- main -----------------------------------------------------------------------------------------
 
 def train(args):
-    rank, local_rank, world_size, device = setup_distributed(args)
+    rank, _, world_size, device = setup_distributed(args)
     configure_cuda(args, device)
     if args.accum_steps < 1:  # 0 divides by zero; below it no group ends, so no step is ever taken
         raise ConfigError(f"--accum-steps must be at least 1, got {args.accum_steps}")
@@ -92,7 +92,6 @@ def train(args):
     model = build_on_meta(args, num_outputs)
     set_seed(args.seed)
     values = rank0_only(rank, initial_values, args, num_outputs)
-    # --channels-last reorders the inputs alone: fully_shard takes contiguous parameters only.
     log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
     if args.compile:
         log(f"torch.compile: {compile_model(model)}")
@@ -115,7 +114,7 @@ def train(args):
         f"timeout {args.timeout_min:g} min")
     local, whole = shard_sizes(model)
     log(f"FSDP: {units} units | this process holds {local / 1e6:.3g} M of {whole / 1e6:.3g} M "
-        f"parameters (1/{whole / local:.3g}), and as much of their gradients and optimizer state")
+        f"parameters ({local / whole:.1%}), and as much of their gradients and optimizer state")
     log(f"global batch {args.batch_size * world_size * args.accum_steps} = {args.batch_size} per "
         f"process x {world_size} processes x {args.accum_steps} accumulation steps | "
         f"amp {args.amp} | {recipe(args)}")
@@ -263,16 +262,11 @@ def evaluate(args, model, loader, device):
 
 
 def broadcast_buffers(model):
-    """Rank 0's buffers (BatchNorm's statistics, each process's own in training) to every process:
-    one broadcast per dtype, not one per buffer (resnet50 has 159)."""
-    by_dtype = {}
+    """Rank 0's buffers (BatchNorm's statistics, each process's own in training) to all others."""
     for buffer in model.buffers():
-        by_dtype.setdefault(buffer.dtype, []).append(buffer)
-    for buffers in by_dtype.values():
-        flat = torch.cat([buffer.reshape(-1) for buffer in buffers])
-        dist.broadcast(flat, src=0)
-        for buffer, values in zip(buffers, flat.split([buffer.numel() for buffer in buffers])):
-            buffer.copy_(values.view_as(buffer))
+        values = buffer.contiguous()  # gloo leaves a strided view's values as they were
+        dist.broadcast(values, src=0)
+        buffer.copy_(values)
 
 
 def spare_batch(loader, device, channels_last):
@@ -296,9 +290,8 @@ def epoch_record(epoch, train_totals, val_totals, train_seconds, val_seconds, lr
 
 
 # --- your data and model ------------------------------------------------------------------------
-# The one section to edit to train something else: the task's flags, data sets and model, what a
-# batch costs (the loss) and scores (the metrics). Nothing outside it knows about images, classes
-# or these flags (tests/test_seam.py swaps in another task to prove it).
+# The one section to edit to train something else: the task's flags, data sets and model, loss
+# and metrics. Nothing outside it knows about images, classes or these flags.
 
 SYNTHETIC_DEFAULTS = {"train": 4096, "val": 1000}
 NUM_SYNTHETIC_CLASSES = 10
@@ -660,7 +653,7 @@ def build_on_meta(args, num_outputs):
         with torch.device("meta"):
             return build_model(args, num_outputs)
     except (RuntimeError, NotImplementedError) as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        reason = first_line(err)
         raise ConfigError(f"the model cannot be built on the meta device, where every process "
                           f"builds its shapes: {reason}; compute what its __init__ needs from its "
                           f"arguments, not from tensor values") from None
@@ -770,11 +763,12 @@ class TrainState:
     epoch: int = 0  # the epoch under way; those before it are done, validation included
     global_step: int = 0
     history: list = dataclasses.field(default_factory=list)  # one metrics record per epoch done
+    train_set_size: int = 0  # the schedule counts epochs of it: other data would misplace it
     # Each process's own (rank 0 gathers them):
     rng: dict = None  # Python's and torch's random states
 
 
-SHARED_STATE = ("epoch", "global_step", "history")
+SHARED_STATE = ("epoch", "global_step", "history", "train_set_size")
 PER_PROCESS_STATE = ("rng",)
 
 
@@ -939,7 +933,10 @@ def start_or_resume(args, checkpoint, path, model, optimizer, scheduler, scaler,
                     rank):
     """The TrainState to start from: a fresh one, or the checkpoint's with all it holds restored."""
     if checkpoint is None:
-        return TrainState(rng=rng_state())
+        return TrainState(rng=rng_state(), train_set_size=len(train_loader.dataset))
+    if checkpoint["train_set_size"] != len(train_loader.dataset):  # --data-dir moved, not changed
+        raise ConfigError(f"checkpoint {path} is from a run with {checkpoint['train_set_size']} "
+                          f"training samples, this run has {len(train_loader.dataset)}")
     state = restore(checkpoint, path, model, optimizer, scheduler, scaler, rank)
     if checkpoint["world_size"] != dist.get_world_size():
         # Another number of processes: the schedule goes on from the same fraction of the run.

@@ -539,7 +539,8 @@ def resume_note(root):
             f"[Determinism](../clusters.md#running-on-a-cluster)), without which two runs never stopped "
             f"differ too. `RESUME_MAY_CHANGE` also lets a resume change {flag_list(rounding)}: they change "
             f"the rounding (the kernels chosen, the order of a sum), so a resume that changes one ends equal "
-            f"to rounding, not bitwise. Any other difference is refused in one line.")
+            f"to rounding, not bitwise. Any other difference is refused in one line, and so is a training "
+            f"set of another size: the data may move, not change.")
 
 
 def github_slug(heading):

@@ -847,8 +847,8 @@ PITFALLS = [
         "mistake": "filling a model built on the meta device from rank 0's state dict alone",
         "symptom": "non-persistent buffers (a transformer's causal mask, rotary tables) are not in a state dict: "
                    "after `to_empty` they hold whatever the memory held, and the model computes garbage",
-        "correct": "after the state dict, rank 0 copies its values' buffers into the sharded model and one "
-                   "broadcast per dtype gives every process all of them",
+        "correct": "after the state dict, rank 0 copies its values' buffers into the sharded model and "
+                   "broadcasts each to every process",
         "fix": [("fsdp.py", "                    buffer.copy_(values[name])")],
         "guards": ["tests/test_seam.py::test_fsdp_copy_trains_what_one_process_trains_and_validates_exactly"],
         "mutation": ("fsdp.py", "                    buffer.copy_(values[name])\n", "                    pass\n"),
@@ -1146,5 +1146,19 @@ PITFALLS = [
         "guards": ["tests/test_bad_input.py::test_a_negative_accum_steps_is_one_clear_error_in_the_lean_copy_too"
                    "[ddp_amp_accum.py--1]"],
         "mutation": ("lean/ddp_amp_accum.py", "if args.accum_steps < 1:", "if False:"),
+    },
+    {
+        "title": "A resume on other data, its schedule misplaced",
+        "mistake": "letting `--data-dir` change on a resume (the data staged elsewhere, as it may) without "
+                   "checking that it holds the same data",
+        "symptom": "the restored schedule counts the checkpoint's steps per epoch: on half the images the "
+                   "cosine runs past its end and the rate climbs back to its peak, on more it never reaches "
+                   "zero; no error, exit 0",
+        "correct": "the checkpoint records the training set's size and a resume on another is one line, exit 2, "
+                   "nothing written; the same data in another folder resumes bitwise",
+        "fix": [("ddp_full.py", 'if checkpoint["train_set_size"] != len(train_loader.dataset):'),
+                ("fsdp.py", 'if checkpoint["train_set_size"] != len(train_loader.dataset):')],
+        "guards": ["tests/test_resume.py::test_a_resume_may_move_the_data_but_not_change_it[ddp_full.py]"],
+        "mutation": ("ddp_full.py", 'if checkpoint["train_set_size"] != len(train_loader.dataset):', "if False:"),
     },
 ]
