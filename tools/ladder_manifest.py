@@ -142,7 +142,8 @@ MANIFEST = {
             "the tests prove for a model without batch statistics or random draws (one process with "
             "batch N\u00b7B trains the weights N processes with batch B train; BatchNorm's statistics "
             "and dropout's draws are per process); or keep `--batch-size` and multiply `--lr` by N, "
-            "the linear scaling rule (Goyal et al., 2017: with a warm-up, as the cosine schedule has, "
+            "the linear scaling rule (Goyal et al., 2017: with a warm-up, which `--warmup-epochs` "
+            "gives the scripts' schedule, "
             "it held up to a global batch of 8,192 on ImageNet, not beyond).",
         ]},
         "diff_size": (195, 69),
