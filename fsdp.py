@@ -153,6 +153,7 @@ def train(args):
         raise ConfigError(f"--accum-steps must be at least 1, got {args.accum_steps}")
     # Every process writes its shards: a folder one cannot make stops the run now, before training.
     rank0_first(rank, prepare_out_dir, args)
+    set_seed(args.seed)  # first: a random split of the data is the same in every run and process
     train_set, val_set, num_outputs = rank0_first(rank, build_datasets, args)
     # [optional: model check]
     check_model_fits(args, num_outputs, train_set, val_set, world_size)
@@ -163,7 +164,6 @@ def train(args):
     # A resume starts from its checkpoint's weights: --init-from starts a run only.
     args.init_from = args.init_from if checkpoint is None else None
     model = build_on_meta(args, num_outputs)
-    set_seed(args.seed)
     values = rank0_only(rank, initial_values, args, num_outputs)
     log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
     if args.compile:
@@ -632,19 +632,14 @@ def evaluate_batch(model, batch):
 def setup_distributed(args):
     """Join the process group; return (rank, local_rank, world_size, device). torchrun sets RANK
     (this process among all), LOCAL_RANK (among those on this machine) and WORLD_SIZE; without
-    them, as under plain `python`, this process is a world of one."""
+    RANK, as under plain `python`, this process is a world of one."""
     backend = args.backend
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl" and not torch.cuda.is_available():
         raise ConfigError("--backend nccl needs CUDA GPUs and none is available: use gloo")
     rank = int(os.environ.get("RANK", 0))
-    world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    if backend == "gloo" and world_size > 1 and torch.__version__ < "2.9":
-        # torch 2.7 and 2.8 summed the gradients over gloo (pytorch#162338); compared as a version.
-        raise ConfigError(f"over gloo (CPU) needs torch 2.9 or later, where FSDP averages the "
-                          f"gradients (pytorch#162338); this is torch {torch.__version__}")
     if torch.cuda.is_available():
         if local_rank >= torch.cuda.device_count():
             # Met by the processes of too high a local rank only: each that gets here says so.
@@ -670,7 +665,12 @@ def setup_distributed(args):
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
                                 timeout=timeout, device_id=device_id)
-    return rank, local_rank, world_size, device
+    if backend == "gloo" and dist.get_world_size() > 1 and torch.__version__ < "2.9":
+        # torch 2.7 and 2.8 summed the gradients over gloo (pytorch#162338); compared as a version.
+        raise ConfigError(f"over gloo (CPU) needs torch 2.9 or later, where FSDP averages the "
+                          f"gradients (pytorch#162338); this is torch {torch.__version__}")
+    # Not WORLD_SIZE: under plain `python` a stray one would shard the data for absent processes.
+    return rank, local_rank, dist.get_world_size(), device
 
 
 # [optional: flight recorder]

@@ -49,9 +49,9 @@ def train(args):
         raise ConfigError(f"--accum-steps must be at least 1, got {args.accum_steps}")
     # Rank 0 writes the results: a folder it cannot make stops the run now, not after training.
     rank0_only(rank, prepare_out_dir, args)
+    set_seed(args.seed)  # first: a random split of the data is the same in every run and process
     train_set, val_set, num_outputs = rank0_first(rank, build_datasets, args)
     train_loader, val_loader = build_loaders(args, train_set, val_set, device, rank, world_size)
-    set_seed(args.seed)
     layout = torch.channels_last if args.channels_last else torch.preserve_format
     model = build_model(args, num_outputs).to(device, memory_format=layout)
     log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
@@ -330,14 +330,13 @@ def evaluate_batch(model, batch):
 def setup_distributed(args):
     """Join the process group; return (rank, local_rank, world_size, device). torchrun sets RANK
     (this process among all), LOCAL_RANK (among those on this machine) and WORLD_SIZE; without
-    them, as under plain `python`, this process is a world of one."""
+    RANK, as under plain `python`, this process is a world of one."""
     backend = args.backend
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl" and not torch.cuda.is_available():
         raise ConfigError("--backend nccl needs CUDA GPUs and none is available: use gloo")
     rank = int(os.environ.get("RANK", 0))
-    world_size = int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if torch.cuda.is_available():
         if local_rank >= torch.cuda.device_count():
@@ -361,7 +360,8 @@ def setup_distributed(args):
     else:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
                                 timeout=timeout, device_id=device_id)
-    return rank, local_rank, world_size, device
+    # Not WORLD_SIZE: under plain `python` a stray one would shard the data for absent processes.
+    return rank, local_rank, dist.get_world_size(), device
 
 
 def rank0_only(rank, function, *args):

@@ -35,9 +35,9 @@ def train(args):
     configure_cuda()
     # The results' folder, made now: one that cannot be made stops the run before training.
     prepare_out_dir(args)
+    set_seed(args.seed)  # first: a random split of the data is the same in every run and process
     train_set, val_set, num_outputs = build_datasets(args)
     train_loader, val_loader = build_loaders(args, train_set, val_set, device)
-    set_seed(args.seed)
     model = build_model(args, num_outputs).to(device)
     log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
     if args.compile:

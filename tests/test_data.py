@@ -1,10 +1,12 @@
 """Data paths: an image tree in the ImageFolder layout, CIFAR-10 in its download layout, and the
 default synthetic run learning."""
+import json
 import re
 
 import pytest
+import torch
 
-from conftest import CLASSES, IMAGEFOLDER, ROOT, check, launch, metrics, weights
+from conftest import CLASSES, IMAGEFOLDER, ROOT, TINY, check, launch, metrics, weights
 
 # A number as the scripts print one: 1228, 0.0174, 1.12947e-06, the parts of 0:00:01.
 NUMBER = re.compile(r"\d[\d.]*(?:e[-+]\d+)?")
@@ -85,3 +87,36 @@ def test_cifar10_in_its_download_layout_trains_on_all_its_images(tmp_path, monke
     assert "20 train / 4 val" in capsys.readouterr().out
     assert metrics(out_dir)[0]["val_samples"] == 4
     assert weights(out_dir)["classifier.weight"].shape[0] == 10
+
+
+# A data section that splits its data at random, as users' sections do (random_split on the global
+# generator), and writes the held-out indices each process drew.
+SPLITTING_SECTION = """
+_build_datasets = build_datasets
+
+
+def build_datasets(args):
+    _, held_out = torch.utils.data.random_split(range(100), [0.8, 0.2])
+    Path(args.out_dir, f"split{os.environ.get('RANK', 0)}.json").write_text(json.dumps(held_out.indices))
+    return _build_datasets(args)
+
+"""
+
+
+@pytest.mark.parametrize("script", [pytest.param("single_gpu.py", marks=pytest.mark.slow),
+                                    pytest.param("dataparallel.py", marks=pytest.mark.slow), "ddp_basic.py",
+                                    pytest.param("ddp_amp_accum.py", marks=pytest.mark.slow),
+                                    pytest.param("ddp_full.py", marks=pytest.mark.slow),
+                                    pytest.param("fsdp.py", marks=pytest.mark.slow)])
+def test_a_random_split_in_the_data_section_is_the_same_in_every_process_and_every_run(script, tmp_path):
+    # Seeded after the data, each process would split with torch's own seed, which differs between
+    # processes and runs: one process would train on another's held-out samples. The seed decides.
+    copy = tmp_path / script
+    copy.write_text((ROOT / script).read_text().replace('\nif __name__ == "__main__":',
+                                                         SPLITTING_SECTION + '\nif __name__ == "__main__":'))
+    nproc = None if script in ("single_gpu.py", "dataparallel.py") else 2
+    check(launch(str(copy), [*TINY, "--epochs", "1", "--out-dir", str(tmp_path / "run")], nproc=nproc))
+    seeded = torch.Generator().manual_seed(0)  # --seed's default
+    expected = torch.utils.data.random_split(range(100), [0.8, 0.2], generator=seeded)[1].indices
+    drawn = [json.loads(path.read_text()) for path in sorted((tmp_path / "run").glob("split*.json"))]
+    assert drawn == [expected] * (nproc or 1)

@@ -70,6 +70,16 @@ def test_ddp_world_of_one_under_torchrun_is_bitwise_single_gpu(runs):
     assert_same_training(single, w1, atol=0.0)
 
 
+@pytest.mark.parametrize("script", ["ddp_basic.py", pytest.param("ddp_amp_accum.py", marks=pytest.mark.slow),
+                                    pytest.param("ddp_full.py", marks=pytest.mark.slow),
+                                    pytest.param("fsdp.py", marks=pytest.mark.slow)])
+def test_a_stray_world_size_under_plain_python_is_a_world_of_one_that_trains_on_all_the_data(script, tmp_path):
+    # WORLD_SIZE left in the shell, no RANK: one process, which must read every sample (192 in batches
+    # of 16, 12 steps), not its share among processes that do not exist (6 steps of 2 processes).
+    result = run_ok(script, tmp_path, ["--batch-size", "16", "--epochs", "1"], env={"WORLD_SIZE": "2"})
+    assert " 1 processes " in result.stdout and " step 12/12 " in result.stdout, result.stdout
+
+
 def test_ddp_amp_accum_with_default_flags_is_bitwise_ddp_basic(runs):
     basic = runs.get("basic_w2", "ddp_basic.py", ["--batch-size", "8"], nproc=2)
     accum = runs.get("accum_default_w2", "ddp_amp_accum.py", ["--batch-size", "8"], nproc=2)

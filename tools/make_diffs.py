@@ -21,11 +21,13 @@ import atexit
 import difflib
 import functools
 import html
+import io
 import itertools
 import re
 import shutil
 import sys
 import tempfile
+import tokenize
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -558,6 +560,17 @@ def kept_lines(old, new, root):
             for k in ladder.unchanged_lines(old_regions[name], lines)}
 
 
+def without_comment(text):
+    """A line of code without its trailing comment (a line that does not tokenize alone, whole)."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(text.strip() + "\n").readline))
+    except (tokenize.TokenError, SyntaxError):
+        return text
+    comment = [token for token in tokens if token.type == tokenize.COMMENT]
+    return text[:len(text) - len(text.lstrip())] + text.strip()[:comment[0].start[1]].rstrip() \
+        if comment else text
+
+
 def brief_markdown(old, new, root, anchors, titles):
     """The change in brief, in Markdown: a code block per concept, under a link to its section; a
     statement the step leaves as it was, shown to place the new ones, says so."""
@@ -579,7 +592,7 @@ def brief_markdown(old, new, root, anchors, titles):
                     statement.insert(0, statement[0] - 1)
                 last = k + 1 == len(rows) or rows[k + 1][0] is None or rows[k + 1][0] - 1 in starts
                 old_line = number is not None and last and all(n in kept for n in statement)
-                out.append(f"{text}  # as before" if old_line else text)
+                out.append(f"{without_comment(text)}  # as before" if old_line else text)
         out += ["```", ""]
     if new == "ddp_full.py":
         out += [resume_note(root), ""]

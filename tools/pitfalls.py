@@ -706,10 +706,10 @@ PITFALLS = [
         "symptom": "torch 2.7 and 2.8 sum them over gloo (pytorch#162338): on 2 processes each gradient twice "
                    "the mean, and the CNN's weights 0.05 from one process's after 24 steps; nothing fails",
         "correct": "over gloo with more than one process, torch 2.9 or later, or one line at start-up saying so",
-        "fix": [("fsdp.py", '    if backend == "gloo" and world_size > 1 and torch.__version__ < "2.9":')],
+        "fix": [("fsdp.py", '    if backend == "gloo" and dist.get_world_size() > 1 and torch.__version__ < "2.9":')],
         "guards": ["tests/test_fsdp.py::test_fsdp_over_gloo_on_a_torch_that_sums_the_gradients_is_one_clear_line"],
-        "mutation": ("fsdp.py", 'world_size > 1 and torch.__version__ < "2.9":',
-                     'world_size > 1 and torch.__version__ < "2.7":'),
+        "mutation": ("fsdp.py", 'dist.get_world_size() > 1 and torch.__version__ < "2.9":',
+                     'dist.get_world_size() > 1 and torch.__version__ < "2.7":'),
     },
     {
         "title": "FSDP: BatchNorm cast to float32 around every layer",
@@ -1160,5 +1160,35 @@ PITFALLS = [
                 ("fsdp.py", 'if checkpoint["train_set_size"] != len(train_loader.dataset):')],
         "guards": ["tests/test_resume.py::test_a_resume_may_move_the_data_but_not_change_it[ddp_full.py]"],
         "mutation": ("ddp_full.py", 'if checkpoint["train_set_size"] != len(train_loader.dataset):', "if False:"),
+    },
+    {
+        "title": "A random split drawn before the seed",
+        "mistake": "seeding just before the model is built, after the data section has run",
+        "symptom": "a section that splits its data at random (`random_split` on the global generator) draws "
+                   "from torch's own seed, which differs between processes and runs: each process holds "
+                   "another split, one trains on another's held-out samples, and `--seed` repeats nothing",
+        "correct": "`set_seed(args.seed)` first, before the data section: every process and every run draws "
+                   "the same split (the model's weights still come from the same seed everywhere)",
+        "fix": [(script, "set_seed(args.seed)  # first: a random split of the data is the same in every run")
+                for script in ("single_gpu.py", "dataparallel.py", "ddp_basic.py", "ddp_amp_accum.py",
+                               "ddp_full.py", "fsdp.py")],
+        "guards": ["tests/test_data.py::"
+                   "test_a_random_split_in_the_data_section_is_the_same_in_every_process_and_every_run[ddp_basic.py]"],
+        "mutation": ("ddp_basic.py", "set_seed(args.seed)  # first:", "pass  # first:"),
+    },
+    {
+        "title": "A stray WORLD_SIZE taken for the world",
+        "mistake": "reading the world size from `WORLD_SIZE` in the environment, while a run without `RANK` "
+                   "(plain `python`) starts a group of one",
+        "symptom": "a `WORLD_SIZE=2` left in the shell: the one process samples its share of two, trains on "
+                   "half the data and says \"2 processes\", exit 0",
+        "correct": "the size of the group the process joined, `dist.get_world_size()`",
+        "fix": [(script, "return rank, local_rank, dist.get_world_size(), device")
+                for script in ("ddp_basic.py", "ddp_amp_accum.py", "ddp_full.py", "fsdp.py")],
+        "guards": ["tests/test_equivalence.py::"
+                   "test_a_stray_world_size_under_plain_python_is_a_world_of_one_that_trains_on_all_the_data"
+                   "[ddp_basic.py]"],
+        "mutation": ("ddp_basic.py", "return rank, local_rank, dist.get_world_size(), device",
+                     'return rank, local_rank, int(os.environ.get("WORLD_SIZE", 1)), device'),
     },
 ]
