@@ -57,6 +57,7 @@ def train(args):
     set_seed(args.seed)  # first: a random split of the data is the same in every run and process
     train_set, val_set, num_outputs = rank0_first(rank, build_datasets, args)
     train_loader, val_loader = build_loaders(args, train_set, val_set, device, rank, world_size)
+    set_seed(args.seed)  # again: the weights start from the seed alone, whatever the data drew
     model = build_model(args, num_outputs).to(device)
     log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
     if args.compile:
@@ -230,16 +231,15 @@ def build_datasets(args):
     import torchvision.datasets as datasets  # here: it takes seconds, and synthetic data needs none
     import torchvision.transforms as T
 
-    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
     # Random crops keep 8-100% of an image (ImageNet's recipe); of a small image, 35-100%.
     scale = (0.08, 1.0) if args.image_size >= 128 else (0.35, 1.0)
     augment = [T.RandomResizedCrop(args.image_size, scale=scale)]
     resize = [T.Resize(round(args.image_size * 8 / 7)), T.CenterCrop(args.image_size)]
+    to_tensor = [T.ToTensor(), T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))]
     # [optional: cifar10]
     if args.data == "cifar10":
-        mean, std = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
         augment, resize = [T.RandomCrop(32, padding=4)], []
-    to_tensor = [T.ToTensor(), T.Normalize(mean, std)]
+        to_tensor = [T.ToTensor(), T.Normalize((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))]
     transforms = {"train": T.Compose([*augment, T.RandomHorizontalFlip(), *to_tensor]),
                   "val": T.Compose([*resize, *to_tensor])}
     hint = "<data-dir>/train/<class>/*, <data-dir>/val/<class>/*"

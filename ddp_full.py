@@ -131,6 +131,7 @@ def train(args):
     train_loader, val_loader = build_loaders(args, train_set, val_set, device, rank, world_size)
     # The checkpoint to resume from, or None: every process must find the same one.
     checkpoint, checkpoint_path = agreed_checkpoint(args, world_size)
+    set_seed(args.seed)  # again: the weights start from the seed alone, whatever the data drew
     layout = torch.channels_last if args.channels_last else torch.preserve_format
     model = build_model(args, num_outputs).to(device, memory_format=layout)
     # [optional: init-from]
@@ -156,8 +157,7 @@ def train(args):
                 gradient_as_bucket_view=args.gradient_as_bucket_view,  # [optional: buckets]
                 device_ids=[local_rank] if device.type == "cuda" else None)
     optimizer = build_optimizer(args, model)
-    scheduler = build_scheduler(args, optimizer,
-                                steps_per_epoch=math.ceil(len(train_loader) / args.accum_steps))
+    scheduler = build_scheduler(args, optimizer, math.ceil(len(train_loader) / args.accum_steps))
     # fp16 needs loss scaling (small gradients underflow in fp16); bf16 has fp32's range and does
     # not. A disabled scaler passes everything through, so one code path serves all three.
     scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
@@ -284,18 +284,19 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
         batch, state.train_unreadable = report_unreadable(
             batch, state.train_unreadable, "trained on the next readable sample in its place")
         batch = to_device(batch, device, args.channels_last)
-        # Micro-batches form groups of accum_steps; the epoch's last group may be shorter.
+        # Micro-batches in groups of accum_steps; the epoch's last group and batch may be shorter.
         group_start = batch_index - batch_index % args.accum_steps
-        group_size = min(args.accum_steps, len(loader) - group_start)
-        last_in_group = batch_index == group_start + group_size - 1
+        group_end = min(group_start + args.accum_steps, len(loader))
+        last_in_group = batch_index == group_end - 1
+        held = min(group_end * args.batch_size, len(loader.sampler)) - group_start * args.batch_size
         # DDP decides during the forward whether the coming backward all-reduces, so no_sync must
         # cover the forward and the backward of every micro-batch but the group's last.
         sync_context = contextlib.nullcontext() if last_in_group else model.no_sync()
         with sync_context:
             with autocast(args, device):
                 loss, count = batch_loss(model, batch)
-            # Dividing by the group's size makes the summed gradients the mean over the group.
-            scaler.scale(loss / group_size).backward()
+            # Weighted by its share of the group's samples (held), each mean adds up to the group's.
+            scaler.scale(loss * (count / held)).backward()
         # A sum weighted by batch size, so a short last batch counts for what it holds.
         totals[0] += loss.detach().double() * count
         totals[1] += count
@@ -471,16 +472,15 @@ def build_datasets(args):
     import torchvision.datasets as datasets  # here: it takes seconds, and synthetic data needs none
     import torchvision.transforms as T
 
-    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
     # Random crops keep 8-100% of an image (ImageNet's recipe); of a small image, 35-100%.
     scale = (0.08, 1.0) if args.image_size >= 128 else (0.35, 1.0)
     augment = [T.RandomResizedCrop(args.image_size, scale=scale)]
     resize = [T.Resize(round(args.image_size * 8 / 7)), T.CenterCrop(args.image_size)]
+    to_tensor = [T.ToTensor(), T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))]
     # [optional: cifar10]
     if args.data == "cifar10":
-        mean, std = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
         augment, resize = [T.RandomCrop(32, padding=4)], []
-    to_tensor = [T.ToTensor(), T.Normalize(mean, std)]
+        to_tensor = [T.ToTensor(), T.Normalize((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))]
     transforms = {"train": T.Compose([*augment, T.RandomHorizontalFlip(), *to_tensor]),
                   "val": T.Compose([*resize, *to_tensor])}
     hint = "<data-dir>/train/<class>/*, <data-dir>/val/<class>/*"

@@ -91,6 +91,7 @@ def train(args):
     # Found before the model is built: a checkpoint wins over the weights it would start from.
     checkpoint, checkpoint_path = agreed_checkpoint(args, world_size)
     model = build_on_meta(args, num_outputs)
+    set_seed(args.seed)  # again: the weights start from the seed alone, whatever the data drew
     values = rank0_only(rank, initial_values, args, num_outputs)
     log(f"device {device} | {describe(model)} | {len(train_set)} train / {len(val_set)} val")
     if args.compile:
@@ -99,8 +100,7 @@ def train(args):
     del values  # in every process's shards now: free rank 0's host copy
     # After sharding: built before, the optimizer would step the full parameters fully_shard freed.
     optimizer = build_optimizer(args, model)
-    scheduler = build_scheduler(args, optimizer,
-                                steps_per_epoch=math.ceil(len(train_loader) / args.accum_steps))
+    scheduler = build_scheduler(args, optimizer, math.ceil(len(train_loader) / args.accum_steps))
     # fp16 needs loss scaling (small gradients underflow in fp16), bf16 not: disabled, the scaler
     # passes all through. On shards too: an overflow in one shard skips the step on every process.
     scaler = torch.amp.GradScaler(device.type, enabled=args.amp == "fp16")
@@ -184,15 +184,16 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
     start = time.perf_counter()
     for batch_index, batch in enumerate(loader):
         batch = to_device(batch, device, args.channels_last)
-        # Micro-batches form groups of accum_steps; the epoch's last group may be shorter.
+        # Micro-batches in groups of accum_steps; the epoch's last group and batch may be shorter.
         group_start = batch_index - batch_index % args.accum_steps
-        group_size = min(args.accum_steps, len(loader) - group_start)
-        last_in_group = batch_index == group_start + group_size - 1
+        group_end = min(group_start + args.accum_steps, len(loader))
+        last_in_group = batch_index == group_end - 1
+        held = min(group_end * args.batch_size, len(loader.sampler)) - group_start * args.batch_size
         with autocast(args, device, model):
             loss, count = batch_loss(model, batch)
         # Each backward reduce-scatters into this process's shard, where they add up.
-        # Dividing by the group's size makes the summed gradients the mean over the group.
-        scaler.scale(loss / group_size).backward()
+        # Weighted by its share of the group's samples (held), each mean adds up to the group's.
+        scaler.scale(loss * (count / held)).backward()
         # A sum weighted by batch size, so a short last batch counts for what it holds.
         totals[0] += loss.detach().double() * count
         totals[1] += count
@@ -345,12 +346,11 @@ def build_datasets(args):
     import torchvision.datasets as datasets  # here: it takes seconds, and synthetic data needs none
     import torchvision.transforms as T
 
-    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
     # Random crops keep 8-100% of an image (ImageNet's recipe); of a small image, 35-100%.
     scale = (0.08, 1.0) if args.image_size >= 128 else (0.35, 1.0)
     augment = [T.RandomResizedCrop(args.image_size, scale=scale)]
     resize = [T.Resize(round(args.image_size * 8 / 7)), T.CenterCrop(args.image_size)]
-    to_tensor = [T.ToTensor(), T.Normalize(mean, std)]
+    to_tensor = [T.ToTensor(), T.Normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))]
     transforms = {"train": T.Compose([*augment, T.RandomHorizontalFlip(), *to_tensor]),
                   "val": T.Compose([*resize, *to_tensor])}
     hint = "<data-dir>/train/<class>/*, <data-dir>/val/<class>/*"

@@ -160,9 +160,10 @@ MANIFEST = {
              "deprecated). On GPUs the model and the 4-D inputs are channels-last, the layout of "
              "tensor cores' convolutions (--channels-last)."),
             ("accum", "Gradient accumulation with no_sync",
-             "K micro-batches make one optimizer step, their gradients averaged. DDP decides in the "
-             "forward whether the backward all-reduces, so no_sync covers the forward and backward "
-             "of all but the last micro-batch of a group: one all-reduce per step, not K."),
+             "K micro-batches make one optimizer step, their gradients averaged over its samples "
+             "(each batch's mean weighs by its share: the epoch's last may be short). DDP decides "
+             "in the forward whether the backward all-reduces, so no_sync covers the forward and "
+             "backward of all but the last micro-batch of a group: one all-reduce per step, not K."),
             ("clip", "Clipping the true gradients",
              "Clipping limits the global gradient norm. With fp16 the gradients are still scaled "
              "after backward: unscale_ divides the scale out first, once per step, so the clip "
@@ -191,7 +192,7 @@ MANIFEST = {
             "evaluate": "amp",
             "train": [("GradScaler", "amp"), ("global batch", "accum"), ("configure_cuda", "amp"),
                       ("memory_format", "amp"), ("channels_last", "amp"),
-                      ("steps_per_epoch=math.ceil", "accum"), ("scheduler, scaler", "amp"),
+                      ("math.ceil(len(train_loader)", "accum"), ("scheduler, scaler", "amp"),
                       ("accum_steps < 1", "accum")],
         },
         "removed": {},
@@ -504,7 +505,7 @@ MANIFEST = {
                        "recompute_in_backward", "buffers_kept", "device_mesh",
                        "shard_units", "units_of", "initial_values",
                        "own_initialisation"},
-        "diff_size": (555, 135),
+        "diff_size": (556, 136),
     },
 }
 
@@ -526,7 +527,7 @@ BRIEF = {
                    "return rank, local_rank, dist.get_world_size()", "dist.destroy_process_group()"]),
         ("shard", ["train_sampler = DistributedSampler(", "return (DataLoader(train_set",
                    "train_loader.sampler.set_epoch(epoch)"]),
-        ("ddp", [("train", "set_seed(args.seed)"), "model = build_model(args, num_outputs).to(device)", "model = DDP(model",
+        ("ddp", [("train", "set_seed(args.seed)  # again"), "model = build_model(args, num_outputs).to(device)", "model = DDP(model",
                  "optimizer = build_optimizer(args, model)", "set_seed(args.seed + rank)",
                  ("train_one_epoch", "totals = torch.zeros("), "dist.all_reduce(totals)"]),
         ("rank0", ["rank0_only(rank, prepare_out_dir, args)", ("train", "for epoch in range(args.epochs):"),
@@ -539,7 +540,7 @@ BRIEF = {
                  "scaler = torch.amp.GradScaler(", "return torch.autocast(",
                  "fmt = torch.channels_last if", "scaler.step(optimizer)", "scaler.update()"]),
         ("accum", ["scheduler = build_scheduler(",
-                   "group_start = batch_index", "group_size = min(", "last_in_group = batch_index",
+                   "group_start = batch_index", "group_end = min(", "last_in_group = batch_index", "held = min(",
                    "sync_context = contextlib", "*with sync_context:", "*if not last_in_group:",
                    ("train_one_epoch", "scheduler.step()"), "optimizer.zero_grad(set_to_none=True)"]),
         ("clip", ["if args.clip_grad_norm > 0:", "scaler.unscale_(optimizer)", "grad_norm = torch.nn.utils"]),

@@ -50,8 +50,8 @@ lists them all, each with its mutation-checked guard.
   and 3 processes against a one-process evaluation of `model.pt`.
 - **Accumulation syncs once per step.** `no_sync()` must cover the forward *and* the backward of
   every micro-batch but the last (DDP decides during the forward); each micro-batch is backwarded
-  once, with its loss divided by the size of its group, and the epoch's short last group is
-  divided by its own size.
+  once, its mean loss weighted by its share of the group's samples, so that the epoch's short last
+  group and short last batch train as one process's batch of the same samples.
 - **Mixed precision uses `torch.autocast` and `torch.amp.GradScaler(device)`**, not the deprecated
   `torch.cuda.amp`; the scaler steps and updates once per optimizer step, and `unscale_` comes
   before clipping. bf16 needs no scaler.
@@ -1168,7 +1168,7 @@ PITFALLS = [
                    "from torch's own seed, which differs between processes and runs: each process holds "
                    "another split, one trains on another's held-out samples, and `--seed` repeats nothing",
         "correct": "`set_seed(args.seed)` first, before the data section: every process and every run draws "
-                   "the same split (the model's weights still come from the same seed everywhere)",
+                   "the same split; and again before the model, whose weights start from the seed alone",
         "fix": [(script, "set_seed(args.seed)  # first: a random split of the data is the same in every run")
                 for script in ("single_gpu.py", "dataparallel.py", "ddp_basic.py", "ddp_amp_accum.py",
                                "ddp_full.py", "fsdp.py")],
@@ -1190,5 +1190,22 @@ PITFALLS = [
                    "[ddp_basic.py]"],
         "mutation": ("ddp_basic.py", "return rank, local_rank, dist.get_world_size(), device",
                      'return rank, local_rank, int(os.environ.get("WORLD_SIZE", 1)), device'),
+    },
+    {
+        "title": "A short last batch weighed as a full one in accumulation",
+        "mistake": "dividing each micro-batch's mean loss by the number of micro-batches in its group",
+        "symptom": "where a process's samples do not divide by --batch-size, the epoch's last group is a mean "
+                   "of means: its short batch's samples weigh more than the others', and `--accum-steps 5 "
+                   "--batch-size 8` on 2 processes no longer trains what one process does with 80 (the CNN's "
+                   "weights 1.2e-3 apart after 2 epochs of 186 samples); nothing fails",
+        "correct": "each micro-batch's mean weighted by its share of the group's samples (`held`): the "
+                   "gradients sum to the group's mean, a short last batch included",
+        "fix": [(script, "scaler.scale(loss * (count / held)).backward()")
+                for script in ("ddp_amp_accum.py", "ddp_full.py", "fsdp.py")],
+        "guards": ["tests/test_equivalence.py::"
+                   "test_accumulation_matches_one_process_on_the_global_batch_including_a_short_last_batch"
+                   "[ddp_amp_accum.py]"],
+        "mutation": ("ddp_amp_accum.py", "scaler.scale(loss * (count / held)).backward()",
+                     "scaler.scale(loss / (group_end - group_start)).backward()"),
     },
 ]
