@@ -144,7 +144,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, e
         with sync_context:
             with autocast(args, device):
                 loss, count = batch_loss(model, batch)
-            # Weighted by its share of the group's samples (held), each mean adds up to the group's.
+            # Weighted by their shares of the group's samples (held), the means sum to the group's.
             scaler.scale(loss * (count / held)).backward()
         # A sum weighted by batch size, so a short last batch counts for what it holds.
         totals[0] += loss.detach().double() * count

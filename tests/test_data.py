@@ -103,11 +103,9 @@ def build_datasets(args):
 """
 
 
-@pytest.mark.parametrize("script", [pytest.param("single_gpu.py", marks=pytest.mark.slow),
-                                    pytest.param("dataparallel.py", marks=pytest.mark.slow), "ddp_basic.py",
-                                    pytest.param("ddp_amp_accum.py", marks=pytest.mark.slow),
-                                    pytest.param("ddp_full.py", marks=pytest.mark.slow),
-                                    pytest.param("fsdp.py", marks=pytest.mark.slow)])
+@pytest.mark.slow  # a data section's draws, in all six: second tier, as test_seam.py's copies
+@pytest.mark.parametrize("script", ["single_gpu.py", "dataparallel.py", "ddp_basic.py", "ddp_amp_accum.py",
+                                    "ddp_full.py", "fsdp.py"])
 def test_a_random_split_in_the_data_section_is_the_same_in_every_process_and_every_run(script, tmp_path):
     # Seeded after the data, each process would split with torch's own seed, which differs between
     # processes and runs: one process would train on another's held-out samples. The seed decides.

@@ -70,9 +70,8 @@ def test_ddp_world_of_one_under_torchrun_is_bitwise_single_gpu(runs):
     assert_same_training(single, w1, atol=0.0)
 
 
-@pytest.mark.parametrize("script", ["ddp_basic.py", pytest.param("ddp_amp_accum.py", marks=pytest.mark.slow),
-                                    pytest.param("ddp_full.py", marks=pytest.mark.slow),
-                                    pytest.param("fsdp.py", marks=pytest.mark.slow)])
+@pytest.mark.slow  # a launch's environment, not a step's lesson: second tier
+@pytest.mark.parametrize("script", ["ddp_basic.py", "ddp_amp_accum.py", "ddp_full.py", "fsdp.py"])
 def test_a_stray_world_size_under_plain_python_is_a_world_of_one_that_trains_on_all_the_data(script, tmp_path):
     # WORLD_SIZE left in the shell, no RANK: one process, which must read every sample (192 in batches
     # of 16, 12 steps), not its share among processes that do not exist (6 steps of 2 processes).

@@ -517,7 +517,7 @@ MANIFEST = {
 # lines are left out: the sections below say why.
 BRIEF = {
     "ddp_basic.py": [
-        ("group", ["import os", "import torch.distributed as dist", "from torch.nn.parallel import",
+        ("group", ["import datetime", "import os", "import torch.distributed as dist", "from torch.nn.parallel import",
                    ("setup_distributed", 'rank = int(os.environ.get("RANK", 0))'),
                    'local_rank = int(os.environ.get("LOCAL_RANK", 0))',
                    ("setup_distributed", '*if backend == "auto":'), ("setup_distributed", "if torch.cuda.is_available():"), 'device = torch.device("cuda", local_rank)',

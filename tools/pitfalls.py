@@ -51,7 +51,8 @@ lists them all, each with its mutation-checked guard.
 - **Accumulation syncs once per step.** `no_sync()` must cover the forward *and* the backward of
   every micro-batch but the last (DDP decides during the forward); each micro-batch is backwarded
   once, its mean loss weighted by its share of the group's samples, so that the epoch's short last
-  group and short last batch train as one process's batch of the same samples.
+  group and short last batch train as one process's batch of the same samples (the sampler's
+  padding aside).
 - **Mixed precision uses `torch.autocast` and `torch.amp.GradScaler(device)`**, not the deprecated
   `torch.cuda.amp`; the scaler steps and updates once per optimizer step, and `unscale_` comes
   before clipping. bf16 needs no scaler.
