@@ -21,6 +21,7 @@ A copier's map: what deleting each "# [optional: NAME]" gives up (lean/ddp_amp_a
     constant lr       --lr-schedule constant: --lr throughout, no warm-up
     atomic writes     the old file kept whole, not half a new one, when a write is cut short
     global batch      --global-batch-size: the global batch kept on any number of processes
+    unused params     --find-unused-parameters: for a model whose steps leave parameters out
     legacy launcher   python -m torch.distributed.launch (--local-rank)
     error exchange    an error in rank0_only or rank0_first stops every process at once, in one line
 """
@@ -51,6 +52,8 @@ AMP_DTYPES = {"none": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float
 # PyTorch's default, its decay the vision transformer recipes'.
 OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.03, "weight_decay": 5e-4},
                       "adamw": {"lr": 1e-3, "weight_decay": 0.05}}
+# The exit status of a run stopped because it diverged, told from a crash (1) and bad input (2).
+EXIT_DIVERGED = 3
 
 
 # --- main -----------------------------------------------------------------------------------------
@@ -75,8 +78,9 @@ def train(args):
         # skip DDP's forward and an nn.Sequential model's. DDP cuts the compiled model at buckets.
         model.compile()
     # DDP broadcasts rank 0's weights at construction and averages gradients during backward.
-    # device_ids names the one GPU this process drives; on CPU it must be left out.
-    model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+    model = DDP(model,
+                find_unused_parameters=args.find_unused_parameters,  # [optional: unused params]
+                device_ids=[local_rank] if device.type == "cuda" else None)  # its GPU; on CPU none
     optimizer = build_optimizer(args, model)
     scheduler = build_scheduler(args, optimizer, math.ceil(len(train_loader) / args.accum_steps))
     # fp16 needs loss scaling (small gradients underflow in fp16); bf16 has fp32's range and does
@@ -111,6 +115,7 @@ def train(args):
         rank0_only(rank, write_metrics, out_dir / "metrics.jsonl", history)
 
     # Save the unwrapped model: its keys have no "module." prefix and load into the bare model.
+    stop_if_not_finite(args, model.module.state_dict().values(), "model.pt")
     rank0_only(rank, save_file, model.module.state_dict(), out_dir / "model.pt")
     log(f"saved {out_dir / 'model.pt'}")
 
@@ -146,6 +151,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, e
     totals = torch.zeros(2, dtype=torch.float64, device=device)
     num_steps = math.ceil(len(loader) / args.accum_steps)
     start = time.perf_counter()
+    group_count = torch.zeros((), dtype=torch.float64, device=device)  # the group's, so far
     for batch_index, batch in enumerate(loader):
         batch = to_device(batch, device, args.channels_last)
         # Micro-batches in groups of accum_steps; the epoch's last group and batch may be shorter.
@@ -159,13 +165,15 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, e
         with sync_context:
             with autocast(args, device):
                 loss, count = batch_loss(model, batch)
-            # Weighted by their shares of the group's samples (held), the means sum to the group's.
+            # Each mean weighs by count / held (held: the group's samples); divide_by_count ends it.
             scaler.scale(loss * (count / held)).backward()
         # A sum weighted by batch size, so a short last batch counts for what it holds.
         totals[0] += loss.detach().double() * count
         totals[1] += count
+        group_count += count
         if not last_in_group:
             continue
+        divide_by_count(model, group_count, held)
         grad_norm = None
         if args.clip_grad_norm > 0:
             # Clip true gradients: unscale_ first divides out fp16's loss scale (once a step).
@@ -182,17 +190,62 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, e
         optimizer.zero_grad(set_to_none=True)
         step = batch_index // args.accum_steps + 1
         if step % args.log_interval == 0 or step == num_steps:
-            samples = totals[1].item()  # waits for the GPU: the clock is read after it
-            elapsed = time.perf_counter() - start
+            where = f"epoch {epoch + 1} step {step}"
+            mean, seen = stop_if_diverged(args, totals, grad_norm, scaler, where)
+            elapsed = time.perf_counter() - start  # read after the wait for the GPU
             norm = "" if grad_norm is None else f" | grad norm {grad_norm.item():.3g}"
-            # Rank 0's own loss, and its throughput times the number of processes.
             log(f"epoch {epoch + 1}/{args.epochs} step {step}/{num_steps} "
-                f"loss {totals[0].item() / samples:.4f} | lr {lr:.6g}{norm} | "
-                f"{samples * dist.get_world_size() / elapsed:.0f} samples/s{peak_memory(device)} | "
+                f"loss {mean:.4f} | lr {lr:.6g}{norm} | "
+                f"{seen / elapsed:.0f} samples/s{peak_memory(device)} | "
                 f"eta {datetime.timedelta(seconds=round(elapsed / step * (num_steps - step)))}")
     # One all-reduce after the loop makes per-process sums global (nccl needs them on the GPU).
     dist.all_reduce(totals)
     return totals
+
+
+def divide_by_count(model, group_count, held):
+    """The step's gradients divided by the count of all processes' micro-batches (one all-reduce):
+    the global batch's mean over what batch_loss counts, samples or tokens, whichever processes
+    hold more of them. group_count is then zero again, for the next group."""
+    dist.all_reduce(group_count)
+    # DDP averaged over the processes: times world_size and held undoes that and the weights' held.
+    factor = (dist.get_world_size() * held / group_count).float()
+    for param in model.parameters():
+        if param.grad is not None:
+            param.grad.mul_(factor)
+    group_count.zero_()
+
+
+def stop_if_diverged(args, totals, grad_norm, scaler, where):
+    """All processes' mean loss and count so far, by one all-reduce; every process stops here, in
+    one line, where training diverged: a loss not finite, or (the same on every process) a gradient
+    norm not finite or fp16's loss scale below 1. With fp16 a step whose gradients overflow is
+    skipped, and that is normal; below 1 even the unscaled gradients overflow fp16's range."""
+    seen = totals.clone()
+    dist.all_reduce(seen)
+    loss_sum, count = seen.tolist()  # waits for the GPU
+    if not math.isfinite(loss_sum):
+        raise diverged(args, f"loss {loss_sum / count:g} at {where}")
+    if grad_norm is not None and not scaler.is_enabled() and not grad_norm.isfinite():
+        raise diverged(args, f"gradient norm {grad_norm.item():g} at {where}")
+    if scaler.is_enabled() and scaler.get_scale() < 1:
+        raise diverged(args, f"fp16's loss scale fell to {scaler.get_scale():g} at {where}")
+    return loss_sum / count, count
+
+
+def stop_if_not_finite(args, tensors, what):
+    """Every process stops, in one line, rather than write `what` with a value not finite on any."""
+    bad = sum(torch.count_nonzero(~t.isfinite()) for t in tensors if t.is_floating_point())
+    dist.all_reduce(bad)
+    if bad.item():
+        raise diverged(args, f"{bad.item()} values of {what} are not finite: not written")
+
+
+def diverged(args, problem):
+    """The error that stops a diverged run: one line, what to try, its own exit status."""
+    return ConfigError(f"training diverged: {problem}; try a lower --lr (now {args.lr:g}), a "
+                       f"longer --warmup-epochs, --clip-grad-norm, or --amp bf16 rather than fp16",
+                       status=EXIT_DIVERGED)
 
 
 @torch.no_grad()
@@ -337,7 +390,8 @@ def build_model(args, num_outputs):
 
 
 def batch_loss(model, batch):
-    """The loss to train on (a mean over the batch), and how many samples the batch holds."""
+    """The loss to train on, a mean over the batch, and the count it is a mean over: samples, or
+    tokens for a mean over tokens (a mean reported, or a step of several batches, weighs by it)."""
     images, labels = batch
     return F.cross_entropy(model(images), labels), labels.numel()
 
@@ -626,6 +680,9 @@ def parse_args(argv=None):
                         help="process group backend; auto is nccl with CUDA, gloo without")
     parser.add_argument("--timeout-min", type=float, default=30.0,
                         help="minutes a process waits in a collective before the job fails")
+    # [optional: unused params]
+    parser.add_argument("--find-unused-parameters", action="store_true",
+                        help="DDP: a model whose steps may leave parameters out (slower)")
     # [optional: legacy launcher]
     # torch.distributed.launch passes --local-rank=N (--local_rank before torch 2.0): accepted.
     parser.add_argument("--local-rank", "--local_rank", type=int, default=None,

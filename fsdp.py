@@ -72,6 +72,7 @@ shows to train the same weights, resume bitwise and validate exactly. What each 
     constant lr       --lr-schedule constant: --lr throughout, no warm-up
     atomic writes     the old file kept whole, not half a new one, when a write is cut short
     global batch      --global-batch-size: the global batch kept on any number of processes
+    divergence note   a restart after a divergence stops at once; a resume from it may lower --lr
 """
 import argparse
 import collections
@@ -126,8 +127,13 @@ RESUME_MAY_CHANGE = ("workers", "out_dir", "log_interval", "resume", "ckpt_epoch
                      "init_from",  # [optional: init-from]
                      "backend", "timeout_min", "compile", "channels_last", "tf32",
                      "cudnn_benchmark")
+# [optional: divergence note]
+# What tames a diverging run: a resume from the checkpoint before a divergence may change them.
+TAMING = ("lr", "warmup_epochs", "clip_grad_norm", "amp")
 # A checkpoint is a directory of files (see save_checkpoint).
 CHECKPOINT_NAME = re.compile(r"^step_(\d+)$")
+# The exit status of a run stopped because it diverged, told from a crash (1) and bad input (2).
+EXIT_DIVERGED = 3
 # [optional: full disk]
 # sysexits.h's EX_IOERR: a failed write (full disk), told from bad input 2, crash 1, preemption 75.
 EXIT_WRITE_FAILED = 74
@@ -252,6 +258,7 @@ def train(args):
             save_checkpoint(args, model, optimizer, scheduler, scaler, state)
 
     # Every process's shards, gathered to rank 0's CPU (the whole may not fit its GPU): plain keys.
+    stop_if_not_finite(args, tensors_in(model.state_dict()), "model.pt")
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
                                                                 cpu_offload=True))
     rank0_only(rank, save_file, full, out_dir / "model.pt")
@@ -275,6 +282,8 @@ def main(argv=None):
             message = f"{Path(__file__).name}: error: {who}{err}"
             # [optional: full disk]
             message += f"; {what_is_intact(args)}" if err.status == EXIT_WRITE_FAILED else ""
+            # [optional: divergence note]
+            message += note_divergence(args, err) if err.status == EXIT_DIVERGED else ""
             # One write: the lines of processes that print at once never run together.
             sys.stderr.write(message + "\n")
         return err.status
@@ -305,6 +314,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
     first_step, num_steps, start = (state.step_in_epoch, state.step_in_epoch + num_steps,
                                     start - state.train_seconds)
     totals += state.train_totals.to(device) if first_step else 0  # [optional: mid-epoch]
+    group_count = torch.zeros((), dtype=torch.float64, device=device)  # the group's, so far
     for batch_index, batch in enumerate(loader):
         # [optional: unreadable files]
         batch, state.train_unreadable = report_unreadable(
@@ -322,15 +332,17 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
         # once a step, at the group's last micro-batch, FSDP adding up the others' until then.
         model.set_requires_all_reduce(last_in_group)
         # Each backward reduce-scatters into this process's shard, where they add up.
-        # Weighted by their shares of the group's samples (held), the means sum to the group's.
+        # Each mean weighs by count / held (held: the group's samples); divide_by_count ends it.
         scaler.scale(loss * (count / held)).backward()
         # A sum weighted by batch size, so a short last batch counts for what it holds.
         totals[0] += loss.detach().double() * count
         totals[1] += count
+        group_count += count
         # [optional: preemption, mid-epoch]
         PREEMPTION.poll()  # every batch, so that all agree soon; they stop after the group's step
         if not last_in_group:
             continue
+        divide_by_count(model, group_count, held)
         grad_norm = None
         if args.clip_grad_norm > 0:
             # Clip true gradients: unscale_ first divides out fp16's loss scale (once a step).
@@ -355,15 +367,15 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
             first_step + step, totals.clone(), rng_state(), time.perf_counter() - start)
         state.step_in_epoch = step  # [optional: mid-epoch]
         if step % args.log_interval == 0 or step == num_steps:
-            samples = totals[1].item()  # waits for the GPU: the clock is read after it
-            elapsed = time.perf_counter() - start
-            # full_tensor() is a collective: every process builds the line, rank 0 prints it.
-            norm = "" if grad_norm is None else \
-                f" | grad norm {grad_norm.full_tensor().item():.3g}"
-            # Rank 0's own loss, and its throughput times the number of processes.
+            where = f"epoch {state.epoch + 1} step {step}"
+            # full_tensor() is a collective: every process checks and builds the line.
+            grad_norm = None if grad_norm is None else grad_norm.full_tensor()
+            mean, seen = stop_if_diverged(args, totals, grad_norm, scaler, where)
+            elapsed = time.perf_counter() - start  # read after the wait for the GPU
+            norm = "" if grad_norm is None else f" | grad norm {grad_norm.item():.3g}"
             log(f"epoch {state.epoch + 1}/{args.epochs} step {step}/{num_steps} "
-                f"loss {totals[0].item() / samples:.4f} | lr {lr:.6g}{norm} | "
-                f"{samples * dist.get_world_size() / elapsed:.0f} samples/s{peak_memory(device)} | "
+                f"loss {mean:.4f} | lr {lr:.6g}{norm} | "
+                f"{seen / elapsed:.0f} samples/s{peak_memory(device)} | "
                 f"eta {datetime.timedelta(seconds=round(elapsed / step * (num_steps - step)))}")
         # [optional: preemption, mid-epoch]
         if PREEMPTION.agreed:  # after the step: the forwards' BatchNorm statistics are the step's
@@ -380,6 +392,51 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
     # One all-reduce after the loop makes per-process sums global (nccl needs them on the GPU).
     dist.all_reduce(totals)
     return totals
+
+
+def divide_by_count(model, group_count, held):
+    """The step's gradients divided by the count of all processes' micro-batches (one all-reduce):
+    the global batch's mean over what batch_loss counts, samples or tokens, whichever processes
+    hold more of them. group_count is then zero again, for the next group."""
+    dist.all_reduce(group_count)
+    # DDP averaged over the processes: times world_size and held undoes that and the weights' held.
+    factor = (dist.get_world_size() * held / group_count).float()
+    for param in model.parameters():
+        if param.grad is not None:
+            param.grad.mul_(factor)
+    group_count.zero_()
+
+
+def stop_if_diverged(args, totals, grad_norm, scaler, where):
+    """All processes' mean loss and count so far, by one all-reduce; every process stops here, in
+    one line, where training diverged: a loss not finite, or (the same on every process) a gradient
+    norm not finite or fp16's loss scale below 1. With fp16 a step whose gradients overflow is
+    skipped, and that is normal; below 1 even the unscaled gradients overflow fp16's range."""
+    seen = totals.clone()
+    dist.all_reduce(seen)
+    loss_sum, count = seen.tolist()  # waits for the GPU
+    if not math.isfinite(loss_sum):
+        raise diverged(args, f"loss {loss_sum / count:g} at {where}")
+    if grad_norm is not None and not scaler.is_enabled() and not grad_norm.isfinite():
+        raise diverged(args, f"gradient norm {grad_norm.item():g} at {where}")
+    if scaler.is_enabled() and scaler.get_scale() < 1:
+        raise diverged(args, f"fp16's loss scale fell to {scaler.get_scale():g} at {where}")
+    return loss_sum / count, count
+
+
+def stop_if_not_finite(args, tensors, what):
+    """Every process stops, in one line, rather than write `what` with a value not finite on any."""
+    bad = sum(torch.count_nonzero(~t.isfinite()) for t in tensors if t.is_floating_point())
+    dist.all_reduce(bad)
+    if bad.item():
+        raise diverged(args, f"{bad.item()} values of {what} are not finite: not written")
+
+
+def diverged(args, problem):
+    """The error that stops a diverged run: one line, what to try, its own exit status."""
+    return ConfigError(f"training diverged: {problem}; try a lower --lr (now {args.lr:g}), a "
+                       f"longer --warmup-epochs, --clip-grad-norm, or --amp bf16 rather than fp16",
+                       status=EXIT_DIVERGED)
 
 
 @torch.no_grad()
@@ -613,7 +670,8 @@ def pretrained_weights(args):
 
 
 def batch_loss(model, batch):
-    """The loss to train on (a mean over the batch), and how many samples the batch holds."""
+    """The loss to train on, a mean over the batch, and the count it is a mean over: samples, or
+    tokens for a mean over tokens (a mean reported, or a step of several batches, weighs by it)."""
     images, labels = batch
     return F.cross_entropy(model(images), labels), labels.numel()
 
@@ -1248,6 +1306,8 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
     }
     ckpt_dir = Path(args.out_dir) / "checkpoints"
     path = ckpt_dir / f"step_{state.global_step:09d}"
+    shards = [model.state_dict(), optimizer.state]  # this process's
+    stop_if_not_finite(args, tensors_in([checkpoint, per_process, shards]), path.name)
     # [optional: atomic writes]
     # Written under another name, renamed when complete: list_checkpoints never sees a torn one.
     path, final = ckpt_dir / f".{path.name}.tmp", path
@@ -1313,6 +1373,15 @@ def shard_write_error(err, rank, path, tmp):
                        status=EXIT_WRITE_FAILED, rank=rank)
 
 
+def tensors_in(obj):
+    """The tensors in obj and in its dicts, lists and tuples."""
+    if isinstance(obj, torch.Tensor):
+        yield obj.to_local() if hasattr(obj, "to_local") else obj  # a DTensor: this process's part
+    elif isinstance(obj, (dict, list, tuple)):
+        for value in obj.values() if isinstance(obj, dict) else obj:
+            yield from tensors_in(value)
+
+
 def list_checkpoints(ckpt_dir):
     """The checkpoints in ckpt_dir, newest first."""
     found = [(int(m.group(1)), p) for p in Path(ckpt_dir).glob("step_*")
@@ -1360,6 +1429,9 @@ def load_checkpoint(path, args):
     # [optional: global batch]
     if args.global_batch_size == checkpoint["world_size"] * saved["accum_steps"] * args.batch_size:
         may_change += ("accum_steps", "global_batch_size")  # the run's global batch, kept
+    # [optional: divergence note]
+    if divergence_note(args, path):  # the checkpoint before a divergence: other TAMING settings
+        may_change += TAMING
     for name in sorted(settings.keys() & saved.keys()):
         if saved[name] != settings[name] and name not in may_change:
             raise ConfigError(f"checkpoint {path} is from a run with --{name.replace('_', '-')} "
@@ -1384,7 +1456,44 @@ def agreed_checkpoint(args, world_size):
             raise ConfigError(f"processes disagree on the checkpoint to resume from: rank 0 finds "
                               f"{views[0][0]}, rank {rank} finds {found}; every node must see the "
                               f"same --out-dir")
+    stop_if_repeating(args, path)  # [optional: divergence note]
     return checkpoint, path
+
+
+# [optional: divergence note]
+def note_divergence(args, err):
+    """Note a divergence in --out-dir, where a restart finds it (stop_if_repeating); return where
+    the same command, its settings changed, goes on from."""
+    newest = list_checkpoints(Path(args.out_dir) / "checkpoints")[:1]
+    note = {"problem": str(err).split(";")[0], "checkpoint": newest[0].name if newest else None,
+            **{name: getattr(args, name) for name in TAMING}}
+    try:
+        save_file(json.dumps(note).encode(), Path(args.out_dir) / "diverged.json")
+    except (OSError, ConfigError):  # a disk that is full too: no note, the line as it is
+        return ""
+    return f"; so changed, the same command goes on from {(newest or ['scratch'])[0]}"
+
+
+# [optional: divergence note]
+def divergence_note(args, path):
+    """What a run that diverged from the checkpoint at path (None: the start) noted, or None."""
+    try:
+        note = json.loads((Path(args.out_dir) / "diverged.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return note if note["checkpoint"] == (path and Path(path).name) else None
+
+
+# [optional: divergence note]
+def stop_if_repeating(args, path):
+    """Stop at once, in one line, where this run would repeat a divergence, as torchrun's restart of
+    it would: from the checkpoint it went on from (path), with the same TAMING settings."""
+    note = divergence_note(args, path)
+    if note and all(note[name] == getattr(args, name) for name in TAMING):
+        raise ConfigError(f"this run diverged from here before ({note['problem']}) and would "
+                          f"again: change --lr, --warmup-epochs, --clip-grad-norm or --amp (a "
+                          f"resume after a divergence may), or start afresh in another --out-dir",
+                          status=EXIT_DIVERGED)
 
 
 def find_checkpoint(args):
@@ -1427,7 +1536,8 @@ def restore(checkpoint, path, model, optimizer, scheduler, scaler, rank):
         if (failure := process_failure(err, path, rank)) is not None:
             raise failure from None
         raise ConfigError(f"checkpoint {path} does not fit this model: {first_line(err)}") from None
-    scaler.load_state_dict(checkpoint["scaler"])
+    if checkpoint["scaler"]:  # empty from a run without fp16's scaler: nothing to restore
+        scaler.load_state_dict(checkpoint["scaler"])
     rank_states = checkpoint["rank_states"]
     if len(rank_states) == dist.get_world_size():
         own = rank_states[rank]
@@ -1470,6 +1580,9 @@ def start_or_resume(args, checkpoint, path, model, optimizer, scheduler, scaler,
         raise ConfigError(f"checkpoint {path} is from a run with {checkpoint['train_set_size']} "
                           f"training samples, this run has {len(train_loader.dataset)}")
     state = restore(checkpoint, path, model, optimizer, scheduler, scaler, rank)
+    # [optional: divergence note]
+    # This run's --lr and warm-up, which a resume after a divergence may change: its rate.
+    set_base_rate(scheduler, args.lr)
     if checkpoint["world_size"] != dist.get_world_size():
         # Another number of processes: the schedule goes on from the same fraction of the run.
         steps_per_epoch = math.ceil(len(train_loader) / args.accum_steps)
@@ -1483,6 +1596,14 @@ def start_or_resume(args, checkpoint, path, model, optimizer, scheduler, scaler,
             f"global batch {was} -> {args.batch_size * args.accum_steps * dist.get_world_size()}; "
             f"fresh random states (dropout), rank 0's BatchNorm statistics: the rest stays behind")
     return state
+
+
+# [optional: divergence note]
+def set_base_rate(scheduler, lr):
+    """The schedule's base rate lr, and the rate of its current step recomputed from it."""
+    scheduler.base_lrs = [lr] * len(scheduler.base_lrs)
+    scheduler.last_epoch -= 1
+    scheduler.step()
 
 
 # [optional: mid-epoch]
@@ -1817,7 +1938,7 @@ class ConfigError(Exception):
 TASK_HOOKS = {
     "build_datasets": "build_datasets(args) returns (train_set, val_set, num_outputs)",
     "build_model": "build_model(args, num_outputs) returns the model",
-    "batch_loss": "batch_loss(model, batch) returns (the mean loss to train on, its sample count)",
+    "batch_loss": "batch_loss(model, batch) returns (the mean loss to train on, what it averages)",
     "evaluate_batch": "evaluate_batch(model, batch) returns (its sums of EVAL_METRICS, its count)",
     "EVAL_METRICS": "EVAL_METRICS names the metrics whose sums evaluate_batch returns",
     "add_task_arguments": "add_task_arguments(parser) adds the task's flags (it may add none)",

@@ -37,6 +37,8 @@ MOMENTUM = 0.9
 # PyTorch's default, its decay the vision transformer recipes'.
 OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.03, "weight_decay": 5e-4},
                       "adamw": {"lr": 1e-3, "weight_decay": 0.05}}
+# The exit status of a run stopped because it diverged, told from a crash (1) and bad input (2).
+EXIT_DIVERGED = 3
 
 
 # --- main -----------------------------------------------------------------------------------------
@@ -85,6 +87,7 @@ def train(args):
         write_metrics(out_dir / "metrics.jsonl", history)
 
     # Save the wrapped model's .module: keys without a "module." prefix load into the bare model.
+    stop_if_not_finite(args, model.module.state_dict().values(), "model.pt")
     save_file(model.module.state_dict(), out_dir / "model.pt")
     log(f"saved {out_dir / 'model.pt'}")
 
@@ -95,7 +98,7 @@ def main(argv=None):
         train(args)
     except ConfigError as err:
         print(f"{Path(__file__).name}: error: {err}", file=sys.stderr, flush=True)
-        return 2
+        return err.status
     return 0
 
 
@@ -120,13 +123,35 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, device, epoch):
         totals[1] += count
         step = batch_index + 1
         if step % args.log_interval == 0 or step == len(loader):
-            samples = totals[1].item()  # waits for the GPU: the clock is read after it
-            elapsed = time.perf_counter() - start
+            mean, seen = stop_if_diverged(args, totals, f"epoch {epoch + 1} step {step}")
+            elapsed = time.perf_counter() - start  # read after the wait for the GPU
             log(f"epoch {epoch + 1}/{args.epochs} step {step}/{len(loader)} "
-                f"loss {totals[0].item() / samples:.4f} | lr {lr:.6g} | "
-                f"{samples / elapsed:.0f} samples/s{peak_memory(device)} | "
+                f"loss {mean:.4f} | lr {lr:.6g} | "
+                f"{seen / elapsed:.0f} samples/s{peak_memory(device)} | "
                 f"eta {datetime.timedelta(seconds=round(elapsed / step * (len(loader) - step)))}")
     return totals
+
+
+def stop_if_diverged(args, totals, where):
+    """The mean loss and count so far; the run stops here, in one line, where training diverged:
+    a loss that is not finite (nan, inf) leaves weights that are worth nothing."""
+    loss_sum, count = totals.tolist()  # waits for the GPU
+    if not math.isfinite(loss_sum):
+        raise diverged(args, f"loss {loss_sum / count:g} at {where}")
+    return loss_sum / count, count
+
+
+def stop_if_not_finite(args, tensors, what):
+    """The run stops, in one line, rather than write `what` with a value that is not finite."""
+    bad = sum(torch.count_nonzero(~t.isfinite()) for t in tensors if t.is_floating_point())
+    if bad.item():
+        raise diverged(args, f"{bad.item()} values of {what} are not finite: not written")
+
+
+def diverged(args, problem):
+    """The error that stops a diverged run: one line, what to try, its own exit status."""
+    return ConfigError(f"training diverged: {problem}; try a lower --lr (now {args.lr:g}) or a "
+                       f"longer --warmup-epochs", status=EXIT_DIVERGED)
 
 
 @torch.no_grad()
@@ -259,7 +284,8 @@ def build_model(args, num_outputs):
 
 
 def batch_loss(model, batch):
-    """The loss to train on (a mean over the batch), and how many samples the batch holds."""
+    """The loss to train on, a mean over the batch, and the count it is a mean over: samples, or
+    tokens for a mean over tokens (a mean reported, or a step of several batches, weighs by it)."""
     images, labels = batch
     return F.cross_entropy(model(images), labels), labels.numel()
 
@@ -374,7 +400,11 @@ def write_metrics(path, history):
 
 
 class ConfigError(Exception):
-    """Bad input the user can act on: one line and exit status 2, not a traceback."""
+    """An error the user can act on: one line and a non-zero exit, not a traceback."""
+
+    def __init__(self, message, status=2):
+        super().__init__(message)
+        self.status = status
 
 
 def parse_args(argv=None):

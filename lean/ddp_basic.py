@@ -33,6 +33,8 @@ MOMENTUM = 0.9
 # PyTorch's default, its decay the vision transformer recipes'.
 OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.03, "weight_decay": 5e-4},
                       "adamw": {"lr": 1e-3, "weight_decay": 0.05}}
+# The exit status of a run stopped because it diverged, told from a crash (1) and bad input (2).
+EXIT_DIVERGED = 3
 
 
 # --- main -----------------------------------------------------------------------------------------
@@ -53,8 +55,8 @@ def train(args):
         # skip DDP's forward and an nn.Sequential model's. DDP cuts the compiled model at buckets.
         model.compile()
     # DDP broadcasts rank 0's weights at construction and averages gradients during backward.
-    # device_ids names the one GPU this process drives; on CPU it must be left out.
-    model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+    model = DDP(model,
+                device_ids=[local_rank] if device.type == "cuda" else None)  # its GPU; on CPU none
     optimizer = build_optimizer(args, model)
     scheduler = build_scheduler(args, optimizer, steps_per_epoch=len(train_loader))
     # The weights came from the same seed everywhere; from here on each process draws its own
@@ -85,6 +87,7 @@ def train(args):
         rank0_only(rank, write_metrics, out_dir / "metrics.jsonl", history)
 
     # Save the unwrapped model: its keys have no "module." prefix and load into the bare model.
+    stop_if_not_finite(args, model.module.state_dict().values(), "model.pt")
     rank0_only(rank, save_file, model.module.state_dict(), out_dir / "model.pt")
     log(f"saved {out_dir / 'model.pt'}")
 
@@ -127,16 +130,40 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, device, epoch):
         totals[1] += count
         step = batch_index + 1
         if step % args.log_interval == 0 or step == len(loader):
-            samples = totals[1].item()  # waits for the GPU: the clock is read after it
-            elapsed = time.perf_counter() - start
-            # Rank 0's own loss, and its throughput times the number of processes.
+            mean, seen = stop_if_diverged(args, totals, f"epoch {epoch + 1} step {step}")
+            elapsed = time.perf_counter() - start  # read after the wait for the GPU
             log(f"epoch {epoch + 1}/{args.epochs} step {step}/{len(loader)} "
-                f"loss {totals[0].item() / samples:.4f} | lr {lr:.6g} | "
-                f"{samples * dist.get_world_size() / elapsed:.0f} samples/s{peak_memory(device)} | "
+                f"loss {mean:.4f} | lr {lr:.6g} | "
+                f"{seen / elapsed:.0f} samples/s{peak_memory(device)} | "
                 f"eta {datetime.timedelta(seconds=round(elapsed / step * (len(loader) - step)))}")
     # One all-reduce after the loop makes per-process sums global (nccl needs them on the GPU).
     dist.all_reduce(totals)
     return totals
+
+
+def stop_if_diverged(args, totals, where):
+    """All processes' mean loss and count so far, by one all-reduce; every process stops here, in
+    one line, where training diverged: a loss that is not finite (nan, inf) on any process."""
+    seen = totals.clone()
+    dist.all_reduce(seen)
+    loss_sum, count = seen.tolist()  # waits for the GPU
+    if not math.isfinite(loss_sum):
+        raise diverged(args, f"loss {loss_sum / count:g} at {where}")
+    return loss_sum / count, count
+
+
+def stop_if_not_finite(args, tensors, what):
+    """Every process stops, in one line, rather than write `what` with a value not finite on any."""
+    bad = sum(torch.count_nonzero(~t.isfinite()) for t in tensors if t.is_floating_point())
+    dist.all_reduce(bad)
+    if bad.item():
+        raise diverged(args, f"{bad.item()} values of {what} are not finite: not written")
+
+
+def diverged(args, problem):
+    """The error that stops a diverged run: one line, what to try, its own exit status."""
+    return ConfigError(f"training diverged: {problem}; try a lower --lr (now {args.lr:g}) or a "
+                       f"longer --warmup-epochs", status=EXIT_DIVERGED)
 
 
 @torch.no_grad()
@@ -269,7 +296,8 @@ def build_model(args, num_outputs):
 
 
 def batch_loss(model, batch):
-    """The loss to train on (a mean over the batch), and how many samples the batch holds."""
+    """The loss to train on, a mean over the batch, and the count it is a mean over: samples, or
+    tokens for a mean over tokens (a mean reported, or a step of several batches, weighs by it)."""
     images, labels = batch
     return F.cross_entropy(model(images), labels), labels.numel()
 

@@ -74,6 +74,8 @@ RESUME_MAY_CHANGE = ("workers", "out_dir", "log_interval", "resume", "ckpt_epoch
                      "cudnn_benchmark")
 # A checkpoint is a directory of files (see save_checkpoint).
 CHECKPOINT_NAME = re.compile(r"^step_(\d+)$")
+# The exit status of a run stopped because it diverged, told from a crash (1) and bad input (2).
+EXIT_DIVERGED = 3
 
 
 # --- main -----------------------------------------------------------------------------------------
@@ -143,6 +145,7 @@ def train(args):
             save_checkpoint(args, model, optimizer, scheduler, scaler, state)
 
     # Every process's shards, gathered to rank 0's CPU (the whole may not fit its GPU): plain keys.
+    stop_if_not_finite(args, tensors_in(model.state_dict()), "model.pt")
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True,
                                                                 cpu_offload=True))
     rank0_only(rank, save_file, full, out_dir / "model.pt")
@@ -182,6 +185,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
     totals = torch.zeros(2, dtype=torch.float64, device=device)
     num_steps = math.ceil(len(loader) / args.accum_steps)
     start = time.perf_counter()
+    group_count = torch.zeros((), dtype=torch.float64, device=device)  # the group's, so far
     for batch_index, batch in enumerate(loader):
         batch = to_device(batch, device, args.channels_last)
         # Micro-batches in groups of accum_steps; the epoch's last group and batch may be shorter.
@@ -192,13 +196,15 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
         with autocast(args, device, model):
             loss, count = batch_loss(model, batch)
         # Each backward reduce-scatters into this process's shard, where they add up.
-        # Weighted by their shares of the group's samples (held), the means sum to the group's.
+        # Each mean weighs by count / held (held: the group's samples); divide_by_count ends it.
         scaler.scale(loss * (count / held)).backward()
         # A sum weighted by batch size, so a short last batch counts for what it holds.
         totals[0] += loss.detach().double() * count
         totals[1] += count
+        group_count += count
         if not last_in_group:
             continue
+        divide_by_count(model, group_count, held)
         grad_norm = None
         if args.clip_grad_norm > 0:
             # Clip true gradients: unscale_ first divides out fp16's loss scale (once a step).
@@ -216,19 +222,64 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
         optimizer.zero_grad(set_to_none=True)
         step, state.global_step = batch_index // args.accum_steps + 1, state.global_step + 1
         if step % args.log_interval == 0 or step == num_steps:
-            samples = totals[1].item()  # waits for the GPU: the clock is read after it
-            elapsed = time.perf_counter() - start
-            # full_tensor() is a collective: every process builds the line, rank 0 prints it.
-            norm = "" if grad_norm is None else \
-                f" | grad norm {grad_norm.full_tensor().item():.3g}"
-            # Rank 0's own loss, and its throughput times the number of processes.
+            where = f"epoch {state.epoch + 1} step {step}"
+            # full_tensor() is a collective: every process checks and builds the line.
+            grad_norm = None if grad_norm is None else grad_norm.full_tensor()
+            mean, seen = stop_if_diverged(args, totals, grad_norm, scaler, where)
+            elapsed = time.perf_counter() - start  # read after the wait for the GPU
+            norm = "" if grad_norm is None else f" | grad norm {grad_norm.item():.3g}"
             log(f"epoch {state.epoch + 1}/{args.epochs} step {step}/{num_steps} "
-                f"loss {totals[0].item() / samples:.4f} | lr {lr:.6g}{norm} | "
-                f"{samples * dist.get_world_size() / elapsed:.0f} samples/s{peak_memory(device)} | "
+                f"loss {mean:.4f} | lr {lr:.6g}{norm} | "
+                f"{seen / elapsed:.0f} samples/s{peak_memory(device)} | "
                 f"eta {datetime.timedelta(seconds=round(elapsed / step * (num_steps - step)))}")
     # One all-reduce after the loop makes per-process sums global (nccl needs them on the GPU).
     dist.all_reduce(totals)
     return totals
+
+
+def divide_by_count(model, group_count, held):
+    """The step's gradients divided by the count of all processes' micro-batches (one all-reduce):
+    the global batch's mean over what batch_loss counts, samples or tokens, whichever processes
+    hold more of them. group_count is then zero again, for the next group."""
+    dist.all_reduce(group_count)
+    # DDP averaged over the processes: times world_size and held undoes that and the weights' held.
+    factor = (dist.get_world_size() * held / group_count).float()
+    for param in model.parameters():
+        if param.grad is not None:
+            param.grad.mul_(factor)
+    group_count.zero_()
+
+
+def stop_if_diverged(args, totals, grad_norm, scaler, where):
+    """All processes' mean loss and count so far, by one all-reduce; every process stops here, in
+    one line, where training diverged: a loss not finite, or (the same on every process) a gradient
+    norm not finite or fp16's loss scale below 1. With fp16 a step whose gradients overflow is
+    skipped, and that is normal; below 1 even the unscaled gradients overflow fp16's range."""
+    seen = totals.clone()
+    dist.all_reduce(seen)
+    loss_sum, count = seen.tolist()  # waits for the GPU
+    if not math.isfinite(loss_sum):
+        raise diverged(args, f"loss {loss_sum / count:g} at {where}")
+    if grad_norm is not None and not scaler.is_enabled() and not grad_norm.isfinite():
+        raise diverged(args, f"gradient norm {grad_norm.item():g} at {where}")
+    if scaler.is_enabled() and scaler.get_scale() < 1:
+        raise diverged(args, f"fp16's loss scale fell to {scaler.get_scale():g} at {where}")
+    return loss_sum / count, count
+
+
+def stop_if_not_finite(args, tensors, what):
+    """Every process stops, in one line, rather than write `what` with a value not finite on any."""
+    bad = sum(torch.count_nonzero(~t.isfinite()) for t in tensors if t.is_floating_point())
+    dist.all_reduce(bad)
+    if bad.item():
+        raise diverged(args, f"{bad.item()} values of {what} are not finite: not written")
+
+
+def diverged(args, problem):
+    """The error that stops a diverged run: one line, what to try, its own exit status."""
+    return ConfigError(f"training diverged: {problem}; try a lower --lr (now {args.lr:g}), a "
+                       f"longer --warmup-epochs, --clip-grad-norm, or --amp bf16 rather than fp16",
+                       status=EXIT_DIVERGED)
 
 
 @torch.no_grad()
@@ -415,7 +466,8 @@ def shard_units(model):
 
 
 def batch_loss(model, batch):
-    """The loss to train on (a mean over the batch), and how many samples the batch holds."""
+    """The loss to train on, a mean over the batch, and the count it is a mean over: samples, or
+    tokens for a mean over tokens (a mean reported, or a step of several batches, weighs by it)."""
     images, labels = batch
     return F.cross_entropy(model(images), labels), labels.numel()
 
@@ -803,6 +855,8 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
     }
     ckpt_dir = Path(args.out_dir) / "checkpoints"
     path = ckpt_dir / f"step_{state.global_step:09d}"
+    shards = [model.state_dict(), optimizer.state]  # this process's
+    stop_if_not_finite(args, tensors_in([checkpoint, per_process, shards]), path.name)
     if rank == 0:
         shutil.rmtree(path, ignore_errors=True)  # what an earlier write at this step left
     dist.barrier()  # dcp.save then makes it anew, on every process: each writes its own file there
@@ -824,6 +878,15 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
         for old in [p for p in list_checkpoints(ckpt_dir) if p != path][args.keep_last - 1:]:
             shutil.rmtree(old)
     log(f"checkpoint {path} in {time.perf_counter() - start:.2f} s")
+
+
+def tensors_in(obj):
+    """The tensors in obj and in its dicts, lists and tuples."""
+    if isinstance(obj, torch.Tensor):
+        yield obj.to_local() if hasattr(obj, "to_local") else obj  # a DTensor: this process's part
+    elif isinstance(obj, (dict, list, tuple)):
+        for value in obj.values() if isinstance(obj, dict) else obj:
+            yield from tensors_in(value)
 
 
 def list_checkpoints(ckpt_dir):
@@ -913,7 +976,8 @@ def restore(checkpoint, path, model, optimizer, scheduler, scaler, rank):
         scheduler.load_state_dict(checkpoint["scheduler"])
     except (RuntimeError, ValueError, KeyError, dcp.api.CheckpointException) as err:
         raise ConfigError(f"checkpoint {path} does not fit this model: {first_line(err)}") from None
-    scaler.load_state_dict(checkpoint["scaler"])
+    if checkpoint["scaler"]:  # empty from a run without fp16's scaler: nothing to restore
+        scaler.load_state_dict(checkpoint["scaler"])
     rank_states = checkpoint["rank_states"]
     if len(rank_states) == dist.get_world_size():
         own = rank_states[rank]

@@ -121,14 +121,15 @@ def test_train_one_epoch_starts_within_the_first_third(script):
 # asked for 300, 340, 480, 560, 1,150 and 1,500 lines, and 650 and 900 for ddp_full.py and fsdp.py
 # stripped by their maps: the ladder is above those, tests/README.md says why). The whole-file budgets
 # are those the issue "Every script in two layers" decided, with room for the tags and what the GPU and
-# cluster issues add: new code pays for itself by removing old. A script may shrink; a line more is a
-# reviewed edit of this table, not a creep.
-BUDGETS = {"single_gpu.py": 500, "dataparallel.py": 530, "ddp_basic.py": 660, "ddp_amp_accum.py": 720,
-           "ddp_full.py": 1650, "fsdp.py": 2150}
+# cluster issues add, raised by the issue "Your section as users write it" by what its lesson code
+# added (the count's weighting, the divergence checks: tests/README.md, "Line budgets"): new code pays
+# for itself by removing old. A script may shrink; a line more is a reviewed edit of this table.
+BUDGETS = {"single_gpu.py": 530, "dataparallel.py": 560, "ddp_basic.py": 688, "ddp_amp_accum.py": 772,
+           "ddp_full.py": 1770, "fsdp.py": 2271}
 # The lean copies (every optional part stripped): the numbers reached, a ratchet below which they may
 # go; the issue's 360 / 380 / 460 / 510 / 800 / 1,050 are not met yet (tests/README.md says what is left).
-LEAN_BUDGETS = {"single_gpu.py": 422, "dataparallel.py": 448, "ddp_basic.py": 537, "ddp_amp_accum.py": 594,
-                "ddp_full.py": 862, "fsdp.py": 1104}
+LEAN_BUDGETS = {"single_gpu.py": 452, "dataparallel.py": 478, "ddp_basic.py": 565, "ddp_amp_accum.py": 646,
+                "ddp_full.py": 924, "fsdp.py": 1168}
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

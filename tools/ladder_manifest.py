@@ -51,7 +51,7 @@ MANIFEST = {
         "regions": {"docstring": "dataparallel", "build_loaders": "dataparallel", "train": "dataparallel"},
         "removed": {},
         "flags_added": set(),
-        "diff_size": (35, 9),
+        "diff_size": (36, 10),
     },
     "ddp_basic.py": {
         "concepts": [
@@ -84,6 +84,12 @@ MANIFEST = {
              "process's, naming its rank. When one process exits, torchrun stops the others, which "
              "may wait at a barrier until then; the error exchange (the hardening page) stops them "
              "at once instead, and reports data one node lacks from the process that met it."),
+            ("diverged", "A divergence stops every process at once",
+             "A loss that is not finite on one process is the run's: each progress line all-reduces "
+             "the processes' sums (its loss is all processes' now), and where any is not finite every "
+             "process stops at that line, one line from rank 0, exit status 3. Before model.pt is "
+             "written its values not finite are counted on every process and all-reduced: what one "
+             "update broke after the last progress line is not written either."),
             ("compile", "torch.compile under DDP",
              "--compile compiles the model in place before DDP wraps it. Dynamo skips torch.nn's "
              "own code, DDP's forward among it: a compiled wrapper compiles only what DDP calls, "
@@ -105,20 +111,22 @@ MANIFEST = {
             "stop_if_any_failed": "errors",
             "cleanup_distributed": "group",
             "build_loaders": "shard",
-            "train_one_epoch": [("dist.all_reduce", "ddp"), ("get_world_size", "rank0"), ("Rank 0", "rank0"),
-                                ("all processes", "ddp")],
+            "train_one_epoch": [("dist.all_reduce", "ddp"), ("all processes", "ddp")],
+            "stop_if_diverged": "diverged",
+            "stop_if_not_finite": "diverged",
             "train": [("setup_distributed", "group"), ("process group", "group"),
                       ("rank0_first", "rank0"),
                       ("build_loaders(args, train_set, val_set, device, rank", "shard"),
                       ("set_epoch", "shard"), ("DDP(model", "ddp"),
                       ("global batch", "ddp"),
                       ("DDP wraps it", "compile"), ("device {device} |", "ddp"),
-                      ("model.module", "rank0"), ("Rank 0", "rank0"), ("history", "rank0")],
+                      ("model.module", "rank0"), ("Rank 0", "rank0"), ("history", "rank0"),
+                      ("Save the unwrapped model", "rank0")],
             "main": [("cleanup_distributed", "group"), ("", "errors")],
         },
         "ahead": {"returning_errors": "errors", "stop_if_any_failed": "errors"},
         "removed": {},
-        "flags_added": {"--backend", "--local-rank", "--timeout-min"},
+        "flags_added": {"--backend", "--local-rank", "--timeout-min", "--find-unused-parameters"},
         "mechanisms": {"setup_distributed", "cleanup_distributed", "rank0_only", "rank0_first", "returning_errors",
                        "stop_if_any_failed"},
         "notes": {"ddp": [
@@ -146,7 +154,7 @@ MANIFEST = {
             "gives the scripts' schedule, "
             "it held up to a global batch of 8,192 on ImageNet, not beyond).",
         ]},
-        "diff_size": (195, 69),
+        "diff_size": (203, 74),
     },
     "ddp_amp_accum.py": {
         "concepts": [
@@ -160,14 +168,22 @@ MANIFEST = {
              "deprecated). On GPUs the model and the 4-D inputs are channels-last, the layout of "
              "tensor cores' convolutions (--channels-last)."),
             ("accum", "Gradient accumulation with no_sync",
-             "K micro-batches make one optimizer step, their gradients averaged over its samples "
-             "(each batch's mean weighs by its share: the epoch's last may be short). DDP decides "
-             "in the forward whether the backward all-reduces, so no_sync covers the forward and "
-             "backward of all but the last micro-batch of a group: one all-reduce per step, not K."),
+             "K micro-batches make one optimizer step, their gradients averaged over the global "
+             "batch's count: each micro-batch's mean weighs by its count (samples, or tokens: what "
+             "batch_loss counts), and divide_by_count divides the step's gradients by all processes' "
+             "count, one small all-reduce a step, so a short last batch or a process holding fewer "
+             "tokens weighs for what it holds, and the unit of the count does not matter. DDP "
+             "decides in the forward whether the backward all-reduces, so no_sync covers the forward "
+             "and backward of all but the last micro-batch of a group: one all-reduce per step, not K."),
             ("clip", "Clipping the true gradients",
              "Clipping limits the global gradient norm. With fp16 the gradients are still scaled "
              "after backward: unscale_ divides the scale out first, once per step, so the clip "
              "sees the gradients the step will use."),
+            ("diverged", "Divergence, with a loss scale and a gradient norm",
+             "A step fp16's scaler skips is normal: its gradients overflowed under the scale, which "
+             "halves. Below 1 even the unscaled gradients overflow fp16, and the run stops; so it does "
+             "where the gradient norm clipping computes is not finite without the scaler (with it, a "
+             "skipped step). The line says what to try: clipping, bf16 rather than fp16."),
             FLAGS,
         ],
         "regions": {
@@ -183,7 +199,11 @@ MANIFEST = {
                            ("set_defaults", "accum")],
             "accum_steps_for": "accum",
             "AT_LEAST": "accum",
+            "divide_by_count": "accum",
+            "stop_if_diverged": "diverged",
+            "diverged": "diverged",
             "train_one_epoch": [("grad_norm = None", "clip"), ("{norm}", "clip"), ("grad norm", "clip"),
+                                ("stop_if_diverged(args, totals, grad_norm, scaler", "diverged"),
                                 ("one schedule step per optimizer step", "accum"), ("totals", "accum"),
                                 ("clip_grad_norm", "clip"), ("accum_steps", "accum"),
                                 ("num_steps", "accum"), ("group", "accum"),
@@ -198,7 +218,7 @@ MANIFEST = {
         "removed": {},
         "flags_added": {"--amp", "--accum-steps", "--clip-grad-norm", "--channels-last", "--global-batch-size"},
         "mechanisms": {"autocast"},
-        "diff_size": (115, 39),
+        "diff_size": (144, 44),
     },
     "ddp_full.py": {
         "concepts": [
@@ -259,6 +279,10 @@ MANIFEST = {
             ("buckets", "DDP's bucket settings",
              "Gradients are all-reduced in buckets as backward fills them; the settings change how "
              "they travel, not what is averaged."),
+            ("divergence", "A restart after a divergence",
+             "diverged.json notes a divergence: torchrun's restart (the same checkpoint, the same "
+             "settings) stops at once, and a resume from that checkpoint may change TAMING's "
+             "settings, the rates recomputed from the new --lr."),
             ("flightrec", "A hung collective: nccl's flight recorder",
              "On GPUs each process keeps its last collectives and, when one times out, writes them "
              "to --out-dir: which rank stopped where (docs/troubleshooting.md)."),
@@ -271,6 +295,9 @@ MANIFEST = {
             "PREEMPTION": "preempt",
             "report_unreadable": "reported",
             "check_args": "flags",
+            "TAMING": "divergence",
+            "divergence_note": "divergence",
+            "stop_if_repeating": "divergence",
         },
         "regions": {
             "docstring": "top",
@@ -278,6 +305,7 @@ MANIFEST = {
                         ("import re", "checkpoint"), ("shutil", "failures"), ("signal", "preempt"),
                         ("Dataset", "samples"), ("zipfile", "initfrom")],
             "RESUME_MAY_CHANGE": "resume",
+            "TAMING": "divergence",
             "CHECKPOINT_NAME": "checkpoint",
             "EXIT_WRITE_FAILED": "failures",
             "EXIT_REQUEUE": "preempt",
@@ -316,6 +344,11 @@ MANIFEST = {
             "rng_state": "state",
             "set_rng_state": "restore",
             "save_checkpoint": "checkpoint",
+            "tensors_in": "checkpoint",
+            "note_divergence": "divergence",
+            "divergence_note": "divergence",
+            "stop_if_repeating": "divergence",
+            "set_base_rate": "divergence",
             "atomic": "failures",
             "save_file": "checkpoint",
             "list_checkpoints": "checkpoint",
@@ -352,8 +385,8 @@ MANIFEST = {
                       ("A resumed run rewrites", "resume"), ("out_dir = Path", "resume"),
                       ("save_checkpoint", "checkpoint"), ("state", "state"), ("return 0", "state"),
                       ("Every process evaluates its shard", "validation")],
-            "main": [("check_task", "checks"), ("what_is_intact", "failures"), ("message", "failures"),
-                     ("return", "midepoch")],
+            "main": [("check_task", "checks"), ("note_divergence", "divergence"), ("what_is_intact", "failures"),
+                     ("message", "failures"), ("return", "midepoch")],
         },
         "removed": {},
         "flags_added": {"--resume", "--ckpt-steps", "--ckpt-epochs", "--keep-last", "--max-steps",
@@ -365,31 +398,28 @@ MANIFEST = {
                        "ReadableSamples", "readable_sets", "report_unreadable", "check_task",
                        "check_model_fits", "flight_recorder",
                        "init_weights_from"},
-        "diff_size": (986, 55),
+        "diff_size": (1054, 56),
     },
     "fsdp.py": {
         "concepts": [
             TOP,
             ("shard", "Sharding the model: fully_shard",
-             "fully_shard (FSDP2) shards a module in place, no wrapper (no "
-             ".module): each parameter becomes a DTensor, of which each process holds a slice "
-             "along dim 0 (to_local()), about 1/world size; init_device_mesh names the processes. "
-             "Before a unit computes, an all-gather gives every process its full parameters, freed "
-             "after its forward and again after its backward, where a reduce-scatter leaves each "
-             "process its slice of the averaged gradients. Why block by block, the root last: a "
-             "unit is gathered whole while it computes, so the model as one unit would be held "
-             "whole, as in DDP, and no gather could overlap compute. The root, sharded last, takes "
-             "what no block took (the stem, the classifier)."),
+             "fully_shard (FSDP2) shards a module in place, no wrapper (no .module): each "
+             "parameter becomes a DTensor, of which each process holds a slice along dim 0 "
+             "(to_local()); init_device_mesh names the processes. Before a unit computes, an "
+             "all-gather gives every process its full parameters, freed after its forward and after "
+             "its backward, where a reduce-scatter leaves each its slice of the averaged gradients. "
+             "Block by block: the model as one unit would be held whole, as in DDP, with no gather "
+             "to overlap. The root, sharded last, takes the rest (the stem, the classifier)."),
             ("units", "Units: named in the section \"your data and model\"",
              "shard_units(model), in the section you edit, returns the units: modules, or lists of "
              "modules gathered as one; a transformer of your own returns list(model.blocks)."),
             ("hostcopy", "One copy of the model in host memory",
              "Every process builds the model on the meta device: shapes, no memory, no values. "
              "Rank 0 alone holds its values, in host memory: a copy per process would not fit a "
-             "node with a large model. to_empty gives each slice memory, and "
-             "set_model_state_dict(..., broadcast_from_rank0=True), called by every process (the "
-             "others pass {}), fills it from rank 0's tensors, one at a time; buffers, not "
-             "sharded, are broadcast whole."),
+             "node. to_empty gives each slice memory; set_model_state_dict(..., "
+             "broadcast_from_rank0=True), on every process (the others pass {}), fills it from rank "
+             "0's tensors, one at a time; buffers, not sharded, go whole."),
             ("precision", "Mixed precision: FSDP's policy",
              "MixedPrecisionPolicy instead of autocast: the slices stay float32, a unit's "
              "parameters are gathered in bf16 (or fp16), so, unlike autocast, every operation of "
@@ -406,37 +436,30 @@ MANIFEST = {
              "values from before it back. Less memory for one more forward per block; the same "
              "weights, bit for bit on CPU."),
             ("hsdp", "Hybrid sharding across nodes (HSDP)",
-             "--replicas R makes the mesh 2-D: R groups of world size / R processes (a group per node, "
+             "--replicas R makes the mesh 2-D: R groups of world size / R processes (one per node, "
              "when R is the number of nodes), each unit sharded within a group and replicated across "
-             "the groups. A unit's all-gathers stay within its group; its gradients are "
-             "reduce-scattered within the group, then each slice is all-reduced with the same slice "
-             "of the other groups, in a training step the one collective that crosses between "
-             "nodes: with accumulation once a step, not once a micro-batch (set_requires_all_reduce "
-             "at the group's last; FSDP adds up the slices until then). A process holds "
-             "R / world size of the model instead of 1 / world size. Checkpoints hold whole "
-             "tensors' slices either way: a run resumes in another layout or on another number of "
-             "processes."),
+             "groups. All-gathers stay within a group; gradients are reduce-scattered within it, "
+             "then each slice all-reduced with the same slice of the other groups: a step's one "
+             "collective across nodes, once a step with accumulation (set_requires_all_reduce at the "
+             "group's last micro-batch; FSDP adds up the slices until then). A process holds R / "
+             "world size of the model. Checkpoints hold whole tensors' slices either way: a run "
+             "resumes in another layout or on another number of processes."),
             ("clip", "Clipping by the global norm",
              "clip_grad_norm_ over the sharded (DTensor) gradients computes the norm of all slices "
-             "together, the same on every process, as a DTensor (full_tensor() gives its value). "
-             "Why global: a norm of each process's slices alone would scale each slice of one "
-             "gradient by another factor, a step no clipping of the whole gradient takes."),
+             "together, the same on every process, a DTensor (full_tensor() gives its value): a "
+             "norm of each process's slices would scale the slices of one gradient unequally."),
             ("validation", "The same number of forwards on every process",
-             "In ddp_full.py each process evaluates its shard alone, through model.module, with no "
-             "collective. Every forward now all-gathers from all processes: every process runs as "
-             "many."),
+             "In ddp_full.py each process evaluates its shard alone, with no collective. Every "
+             "forward now all-gathers from all processes: every process runs as many."),
             ("checkpoint", "Sharded checkpoints: torch.distributed.checkpoint",
              "Every process writes its own slices (dcp.save, a file each) into the checkpoint's "
-             "directory, rank 0 the metadata and train_state.pt: any number of processes can read "
-             "them back."),
+             "directory, rank 0 the metadata and train_state.pt."),
             ("reshard", "Loading a sharded checkpoint, on any number of processes",
              "get_state_dict, dcp.load and set_state_dict reshard the model and the optimizer's "
-             "state as they load: a checkpoint resumes on any number of processes, the rest as in "
-             "ddp_full.py."),
+             "state as they load, on any number of processes; the rest as in ddp_full.py."),
             ("modelpt", "model.pt: the whole model on rank 0",
-             "get_model_state_dict, called by every process (it gathers), gives rank 0 a state "
-             "dict that loads into the model without FSDP. A model too big for rank 0's host "
-             "memory keeps the sharded checkpoint, which any number of processes loads."),
+             "get_model_state_dict, on every process (it gathers), gives rank 0 a state dict that "
+             "loads without FSDP; a model too big for rank 0's host memory keeps the checkpoint."),
             FLAGS,
         ],
         "ahead": {"precision_policies": "precision", "has_batchnorm": "precision", "values": "hostcopy",
@@ -500,12 +523,13 @@ MANIFEST = {
         "removed": {},
         "flags_added": {"--activation-checkpointing", "--replicas"},
         "flags_removed": {"--bucket-cap-mb": "FSDP gathers and reduce-scatters per unit: no DDP buckets",
+                          "--find-unused-parameters": "FSDP2 needs every parameter used in every step",
                           "--gradient-as-bucket-view": "no DDP buckets to view"},
         "mechanisms": {"shard_model", "precision_policies", "spare_batch", "shard_write_error",
                        "recompute_in_backward", "buffers_kept", "device_mesh",
                        "shard_units", "units_of", "initial_values",
                        "own_initialisation"},
-        "diff_size": (556, 136),
+        "diff_size": (558, 141),
     },
 }
 

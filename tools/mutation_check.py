@@ -1,15 +1,24 @@
 """Show that each pitfall's guard fails when the pitfall is put back.
 
 For every entry of tools/pitfalls.py: copy the repository, apply the entry's mutation to the copy,
-run its guard tests against the copy (LADDER_ROOT) and expect them to FAIL. Writes docs/mutations.md.
+run its guard tests against the copy (LADDER_ROOT) and expect them to FAIL. Writes docs/mutations.md
+and, beside it, the record docs/mutations.json: each pitfall's fingerprint, a hash of the code it
+guards (the regions of the scripts that hold its fix and its mutation) and of its guards (their test
+files and the harness: conftest.py, the probes, the sections).
 
-    .venv/bin/python tools/mutation_check.py            # all (about 25 minutes on 2 AMD EPYC cores)
-    .venv/bin/python tools/mutation_check.py 3 6        # only pitfalls 3 and 6
-    .venv/bin/python tools/mutation_check.py --check    # all, without rewriting docs/mutations.md (CI)
+    .venv/bin/python tools/mutation_check.py              # all (about 30 minutes on 2 AMD EPYC cores)
+    .venv/bin/python tools/mutation_check.py 3 6          # only pitfalls 3 and 6
+    .venv/bin/python tools/mutation_check.py --check      # all, writing nothing
+    .venv/bin/python tools/mutation_check.py --changed    # only those whose fingerprint differs from
+                                                          # the record's, writing nothing (CI)
 
+The full run is made before a change lands and its record committed: CI then reruns only the pitfalls
+whose guarded code or guards changed since (none, for a change that landed with its record).
 Exit status 1 if a guard passed on its mutation (a test that cannot fail).
 """
 import datetime
+import hashlib
+import json
 import os
 import platform
 import shutil
@@ -20,8 +29,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ladder import ROOT  # noqa: E402
+from ladder import ROOT, regions  # noqa: E402
 from pitfalls import PITFALLS  # noqa: E402
+
+RECORD = ROOT / "docs" / "mutations.json"
 
 IGNORE = shutil.ignore_patterns(".git", ".venv", "runs", "data", "__pycache__", ".pytest_cache")
 
@@ -47,10 +58,37 @@ def check(number, pitfall):
     return result.returncode == 1, seconds, reason[:160]
 
 
-def main(selected, write=True):
+def guarded_code(script, text):
+    """The regions of the script (tools/ladder.py) whose lines hold text."""
+    return [f"{script}:{name}\n" + "\n".join(lines) for name, lines in regions((ROOT / script).read_text()).items()
+            if text.strip() in "\n".join(lines) or any(text.strip().splitlines()[0].strip() in line for line in lines)]
+
+
+def fingerprint(pitfall):
+    """A hash of what decides whether the pitfall's guards fail on its mutation: the entry, the code it
+    guards and its mutation's target, the guards' test files and the harness they run on."""
+    script, old, _ = pitfall["mutation"]
+    parts = [repr(sorted(pitfall.items()))]
+    for file, text in [*pitfall["fix"], (script, old)]:
+        parts += guarded_code(file, text) or [f"{file}: {text!r} not found"]
+    harness = sorted({g.split("::")[0] for g in pitfall["guards"]} |
+                     {str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("*.py") if not p.name.startswith("test_")})
+    parts += [f"{name}\n{(ROOT / name).read_text()}" for name in harness]
+    return hashlib.sha256("\n\0".join(parts).encode()).hexdigest()[:16]
+
+
+def main(selected, write=True, changed=False):
     rows, missed = [], 0
+    fingerprints = {str(n): fingerprint(p) for n, p in enumerate(PITFALLS, 1)}
+    if changed:
+        recorded = json.loads(RECORD.read_text()) if RECORD.exists() else {"fingerprints": {}}
+        selected = {n for n in range(1, len(PITFALLS) + 1)
+                    if recorded["fingerprints"].get(str(n)) != fingerprints[str(n)]}
+        print(f"mutation check: {len(PITFALLS) - len(selected)} of {len(PITFALLS)} pitfalls unchanged since the "
+              f"full run of {recorded.get('date', 'never')} (docs/mutations.json); running "
+              f"{sorted(selected) or 'none'}", flush=True)
     for number, pitfall in enumerate(PITFALLS, 1):
-        if selected and number not in selected:
+        if (selected or changed) and number not in selected:
             continue
         failed, seconds, reason = check(number, pitfall)
         missed += not failed
@@ -65,10 +103,15 @@ def main(selected, write=True):
                   f"guard tests named in [pitfalls.md](pitfalls.md) against it; every guard must fail.", "",
                   "| # | pitfall | mutated | result | time | first failure line |", "| --- | --- | --- | --- | --- | --- |"]
         (ROOT / "docs" / "mutations.md").write_text("\n".join(header + rows) + "\n")
+        if not missed:
+            RECORD.write_text(json.dumps({"date": str(datetime.date.today()), "fingerprints": fingerprints},
+                                         indent=1) + "\n")
     # "caught" counts as passed: the guard failed on its mutation, as it must.
-    print(f"mutations: {len(rows) - missed} passed, {missed} failed")
+    if rows:
+        print(f"mutations: {len(rows) - missed} passed, {missed} failed")
     return 1 if missed else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main({int(a) for a in sys.argv[1:] if a != "--check"}, write="--check" not in sys.argv))
+    sys.exit(main({int(a) for a in sys.argv[1:] if not a.startswith("--")},
+                  write=not {"--check", "--changed"} & set(sys.argv), changed="--changed" in sys.argv))

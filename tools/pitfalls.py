@@ -50,9 +50,18 @@ lists them all, each with its mutation-checked guard.
   and 3 processes against a one-process evaluation of `model.pt`.
 - **Accumulation syncs once per step.** `no_sync()` must cover the forward *and* the backward of
   every micro-batch but the last (DDP decides during the forward); each micro-batch is backwarded
-  once, its mean loss weighted by its share of the group's samples, so that the epoch's short last
-  group and short last batch train as one process's batch of the same samples (the sampler's
-  padding aside).
+  once, its mean loss weighted by its count, and the step's gradients are divided by all processes'
+  count (one all-reduce of a number a step), so that the epoch's short last group and short last
+  batch, a process holding fewer real tokens, and a count in tokens rather than samples all train
+  as one process's batch of the same samples (the sampler's padding aside).
+- **A run that diverges stops, and nothing that is not finite is written.** At each progress line
+  the processes all-reduce their loss sums (the line prints all processes' loss): a loss not
+  finite on any of them, a gradient norm not finite without fp16's scaler, or fp16's loss scale
+  below 1 stops every process there, one line naming the step, the value and what to try, exit
+  status 3. Before a checkpoint or `model.pt` is written, its values not finite are counted on
+  every process: a loss shows an update that went wrong a step later. `ddp_full.py` and `fsdp.py`
+  note the divergence, so that torchrun's restart stops at once instead of diverging again, and a
+  resume from the checkpoint before it may lower `--lr`.
 - **Mixed precision uses `torch.autocast` and `torch.amp.GradScaler(device)`**, not the deprecated
   `torch.cuda.amp`; the scaler steps and updates once per optimizer step, and `unscale_` comes
   before clipping. bf16 needs no scaler.
@@ -544,8 +553,8 @@ PITFALLS = [
         "fix": [("ddp_amp_accum.py", "then one schedule step per optimizer step")],
         "guards": ["tests/test_recipe.py::test_learning_rate_moves_once_per_optimizer_step_with_accumulation"],
         "mutation": ("ddp_amp_accum.py",
-                     "        totals[1] += count\n        if not last_in_group:\n            continue\n",
-                     "        totals[1] += count\n        if not last_in_group:\n            scheduler.step()\n"
+                     "        group_count += count\n        if not last_in_group:\n            continue\n",
+                     "        group_count += count\n        if not last_in_group:\n            scheduler.step()\n"
                      "            continue\n"),
     },
     {
@@ -1199,8 +1208,8 @@ PITFALLS = [
                    "of means: its short batch's samples weigh more than the others', and `--accum-steps 5 "
                    "--batch-size 8` on 2 processes no longer trains what one process does with 80 (the CNN's "
                    "weights 1.2e-3 apart after 2 epochs of 186 samples); nothing fails",
-        "correct": "each micro-batch's mean weighted by its share of the group's samples (`held`): the "
-                   "gradients sum to the group's mean, a short last batch included",
+        "correct": "each micro-batch's mean weighted by its count, the step's gradients divided by all "
+                   "processes' count (`divide_by_count`): the group's mean, a short last batch included",
         "fix": [(script, "scaler.scale(loss * (count / held)).backward()")
                 for script in ("ddp_amp_accum.py", "ddp_full.py", "fsdp.py")],
         "guards": ["tests/test_equivalence.py::"
@@ -1208,5 +1217,93 @@ PITFALLS = [
                    "[ddp_amp_accum.py]"],
         "mutation": ("ddp_amp_accum.py", "scaler.scale(loss * (count / held)).backward()",
                      "scaler.scale(loss / (group_end - group_start)).backward()"),
+    },
+    {
+        "title": "A token count that scales the step",
+        "mistake": "weighing each micro-batch's mean by its count over the group's samples (`held`) and "
+                   "stopping there, as if the count were always samples",
+        "symptom": "a section that counts tokens, as the demo counts its labels and an LM author counts "
+                   "targets, scales every gradient by the tokens per sample: a character model's copy of "
+                   "ddp_amp_accum.py, ddp_full.py or fsdp.py trains to `loss nan` (or a loss in the "
+                   "hundreds of thousands) where the same section counting samples learns; with padded "
+                   "sequences, processes holding fewer real tokens weigh as much as the others; exit 0",
+        "correct": "the step's gradients divided by the count of all processes' micro-batches "
+                   "(`divide_by_count`, one all-reduce of a number a step): the global batch's mean over "
+                   "its samples or tokens, whichever the section counts",
+        "fix": [(script, "    divide_by_count(model, group_count, held)")
+                for script in ("ddp_amp_accum.py", "ddp_full.py", "fsdp.py")],
+        "guards": ["tests/test_sections.py::"
+                   "test_a_section_counting_tokens_trains_as_the_same_section_counting_samples[ddp_amp_accum.py]"],
+        "mutation": ("ddp_amp_accum.py", "        divide_by_count(model, group_count, held)\n", ""),
+    },
+    {
+        "title": "A divergence only one process sees",
+        "mistake": "checking each process's own loss for nan (or none at all)",
+        "symptom": "the process whose loss went nan stops and the others train on, to die in their next "
+                   "collective on a closed connection, a traceback each; unchecked, every process trains on "
+                   "nan weights to the end, writes them and exits 0",
+        "correct": "at every progress line one all-reduce of the processes' sums: where any loss is not "
+                   "finite, every process stops at that line, one line from rank 0, exit status 3",
+        "fix": [(script, "seen = totals.clone()") for script in ("ddp_basic.py", "ddp_amp_accum.py",
+                                                                "ddp_full.py", "fsdp.py")],
+        "guards": ["tests/test_divergence.py::"
+                   "test_a_loss_that_is_not_finite_on_one_process_stops_every_process_in_one_line[ddp_amp_accum.py]"],
+        "mutation": ("ddp_amp_accum.py", "    seen = totals.clone()\n    dist.all_reduce(seen)\n",
+                     "    seen = totals.clone()\n"),
+    },
+    {
+        "title": "Weights that are not finite, written",
+        "mistake": "writing a checkpoint or `model.pt` as it is, trusting the loss checked at the last "
+                   "progress line",
+        "symptom": "an update that went wrong after the last progress line (a loss shows it a step later) is "
+                   "saved: a checkpoint of nan weights, which `--keep-last 1` keeps in place of the last "
+                   "finite one, and the same command resumes from it",
+        "correct": "every value counted before a write, on every process, all-reduced: one not finite and "
+                   "nothing is written, every process stops with exit status 3, the newest checkpoint stays "
+                   "the last finite one",
+        "fix": [("ddp_full.py", "stop_if_not_finite(args, tensors_in([checkpoint, per_process]), path.name)"),
+                ("fsdp.py", "stop_if_not_finite(args, tensors_in([checkpoint, per_process, shards]), path.name)")]
+               + [(script, 'stop_if_not_finite(args, model') for script in (
+                   "single_gpu.py", "dataparallel.py", "ddp_basic.py", "ddp_amp_accum.py", "ddp_full.py")]
+               + [("fsdp.py", 'stop_if_not_finite(args, tensors_in(model.state_dict()), "model.pt")')],
+        "guards": ["tests/test_divergence.py::test_weights_that_are_not_finite_are_never_written[ddp_full.py]"],
+        "mutation": ("ddp_full.py", "    stop_if_not_finite(args, tensors_in([checkpoint, per_process]), path.name)\n", ""),
+    },
+    {
+        "title": "A restart that replays a divergence",
+        "mistake": "letting torchrun's restart resume a run that diverged as it resumes any other",
+        "symptom": "under `--max-restarts 3` each restart resumes from the checkpoint before the divergence, "
+                   "with the same settings, and diverges again: three times the time, three identical errors",
+        "correct": "the run notes the divergence in `--out-dir` (`diverged.json`); a start from the same "
+                   "checkpoint with the same settings stops at once in one line that says what to change",
+        "fix": [(script, "    stop_if_repeating(args, path)") for script in ("ddp_full.py", "fsdp.py")],
+        "guards": ["tests/test_divergence.py::test_a_restart_does_not_replay_a_divergence[ddp_full.py]"],
+        "mutation": ("ddp_full.py", "    stop_if_repeating(args, path)  # [optional: divergence note]\n", ""),
+    },
+    {
+        "title": "A resume after a divergence that keeps the old --lr",
+        "mistake": "allowing another `--lr` on resume but restoring the schedule as saved",
+        "symptom": "LambdaLR's state holds its base rates: the resumed run goes on with the rate that "
+                   "diverged, whatever `--lr` says, and diverges again",
+        "correct": "after the restore the schedule's base rates are this run's `--lr`, and the current rate "
+                   "recomputed at the same step (the same value where `--lr` did not change)",
+        "fix": [(script, "scheduler.base_lrs = [lr] * len(scheduler.base_lrs)")
+                for script in ("ddp_full.py", "fsdp.py")],
+        "guards": ["tests/test_divergence.py::"
+                   "test_after_a_divergence_a_lower_lr_goes_on_from_the_checkpoint_before_it[ddp_full.py]"],
+        "mutation": ("ddp_full.py", "    scheduler.base_lrs = [lr] * len(scheduler.base_lrs)\n", ""),
+    },
+    {
+        "title": "fp16 skipping every step in silence",
+        "mistake": "taking every step the GradScaler skips for the usual overflow",
+        "symptom": "gradients that overflow fp16 whatever the scale: every step is skipped, the scale halves "
+                   "toward 0, the weights never change, and the run ends with exit 0 and the starting model",
+        "correct": "skipped steps are normal until the scale falls below 1, where even the unscaled gradients "
+                   "overflow fp16: there every process stops, one line suggesting bf16, exit status 3",
+        "fix": [(script, "if scaler.is_enabled() and scaler.get_scale() < 1:")
+                for script in ("ddp_amp_accum.py", "ddp_full.py", "fsdp.py")],
+        "guards": ["tests/test_divergence.py::"
+                   "test_fp16_skips_steps_whose_gradients_overflow_until_the_loss_scale_falls_below_1[ddp_amp_accum.py]"],
+        "mutation": ("ddp_amp_accum.py", "if scaler.is_enabled() and scaler.get_scale() < 1:", "if False:"),
     },
 ]
