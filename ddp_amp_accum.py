@@ -173,7 +173,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, e
         group_count += count
         if not last_in_group:
             continue
-        divide_by_count(model, group_count, held)
+        per_sample = divide_by_count(model, group_count, held)
         grad_norm = None
         if args.clip_grad_norm > 0:
             # Clip true gradients: unscale_ first divides out fp16's loss scale (once a step).
@@ -191,7 +191,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, e
         step = batch_index // args.accum_steps + 1
         if step % args.log_interval == 0 or step == num_steps:
             where = f"epoch {epoch + 1} step {step}"
-            mean, seen = stop_if_diverged(args, totals, grad_norm, scaler, where)
+            mean, seen = stop_if_diverged(args, totals, grad_norm, scaler, per_sample, where)
             elapsed = time.perf_counter() - start  # read after the wait for the GPU
             norm = "" if grad_norm is None else f" | grad norm {grad_norm.item():.3g}"
             log(f"epoch {epoch + 1}/{args.epochs} step {step}/{num_steps} "
@@ -206,21 +206,22 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, e
 def divide_by_count(model, group_count, held):
     """The step's gradients divided by the count of all processes' micro-batches (one all-reduce):
     the global batch's mean over what batch_loss counts, samples or tokens, whichever processes
-    hold more of them. group_count is then zero again, for the next group."""
+    hold more of them. Returns the count per sample, 1 for samples; group_count is zero again."""
     dist.all_reduce(group_count)
-    # DDP averaged over the processes: times world_size and held undoes that and the weights' held.
-    factor = (dist.get_world_size() * held / group_count).float()
-    for param in model.parameters():
-        if param.grad is not None:
-            param.grad.mul_(factor)
+    # The processes' gradients were averaged, each mean weighed by count / held: this undoes both.
+    per_sample = group_count / (dist.get_world_size() * held)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    torch._foreach_mul_(grads, (1 / per_sample).float())  # one kernel, as clip_grad_norm_'s
     group_count.zero_()
+    return per_sample
 
 
-def stop_if_diverged(args, totals, grad_norm, scaler, where):
+def stop_if_diverged(args, totals, grad_norm, scaler, per_sample, where):
     """All processes' mean loss and count so far, by one all-reduce; every process stops here, in
     one line, where training diverged: a loss not finite, or (the same on every process) a gradient
     norm not finite or fp16's loss scale below 1. With fp16 a step whose gradients overflow is
-    skipped, and that is normal; below 1 even the unscaled gradients overflow fp16's range."""
+    skipped, and that is normal; below 1 (a scale on means per sample, whatever the count's unit)
+    even the unscaled gradients overflow fp16's range."""
     seen = totals.clone()
     dist.all_reduce(seen)
     loss_sum, count = seen.tolist()  # waits for the GPU
@@ -228,8 +229,8 @@ def stop_if_diverged(args, totals, grad_norm, scaler, where):
         raise diverged(args, f"loss {loss_sum / count:g} at {where}")
     if grad_norm is not None and not scaler.is_enabled() and not grad_norm.isfinite():
         raise diverged(args, f"gradient norm {grad_norm.item():g} at {where}")
-    if scaler.is_enabled() and scaler.get_scale() < 1:
-        raise diverged(args, f"fp16's loss scale fell to {scaler.get_scale():g} at {where}")
+    if scaler.is_enabled() and (scale := scaler.get_scale() * per_sample.item()) < 1:
+        raise diverged(args, f"fp16's loss scale fell to {scale:g} at {where}")
     return loss_sum / count, count
 
 
@@ -238,7 +239,7 @@ def stop_if_not_finite(args, tensors, what):
     bad = sum(torch.count_nonzero(~t.isfinite()) for t in tensors if t.is_floating_point())
     dist.all_reduce(bad)
     if bad.item():
-        raise diverged(args, f"{bad.item()} values of {what} are not finite: not written")
+        raise diverged(args, f"{what} would hold values that are not finite: not written")
 
 
 def diverged(args, problem):

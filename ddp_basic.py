@@ -172,7 +172,7 @@ def stop_if_not_finite(args, tensors, what):
     bad = sum(torch.count_nonzero(~t.isfinite()) for t in tensors if t.is_floating_point())
     dist.all_reduce(bad)
     if bad.item():
-        raise diverged(args, f"{bad.item()} values of {what} are not finite: not written")
+        raise diverged(args, f"{what} would hold values that are not finite: not written")
 
 
 def diverged(args, problem):

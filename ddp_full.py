@@ -96,6 +96,7 @@ OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.03, "weight_decay": 5e-4},
 RESUME_MAY_CHANGE = ("workers", "out_dir", "log_interval", "resume", "ckpt_epochs", "keep_last",
                      "ckpt_steps", "max_steps",  # [optional: mid-epoch]
                      "bucket_cap_mb", "gradient_as_bucket_view",  # [optional: buckets]
+                     "find_unused_parameters",  # [optional: unused params]
                      "local_rank",  # [optional: legacy launcher]
                      "init_from",  # [optional: init-from]
                      "backend", "timeout_min", "compile", "channels_last", "tf32",
@@ -316,7 +317,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
         PREEMPTION.poll()  # every batch, so that all agree soon; they stop after the group's step
         if not last_in_group:
             continue
-        divide_by_count(model, group_count, held)
+        per_sample = divide_by_count(model, group_count, held)
         grad_norm = None
         if args.clip_grad_norm > 0:
             # Clip true gradients: unscale_ first divides out fp16's loss scale (once a step).
@@ -341,7 +342,7 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
         state.step_in_epoch = step  # [optional: mid-epoch]
         if step % args.log_interval == 0 or step == num_steps:
             where = f"epoch {state.epoch + 1} step {step}"
-            mean, seen = stop_if_diverged(args, totals, grad_norm, scaler, where)
+            mean, seen = stop_if_diverged(args, totals, grad_norm, scaler, per_sample, where)
             elapsed = time.perf_counter() - start  # read after the wait for the GPU
             norm = "" if grad_norm is None else f" | grad norm {grad_norm.item():.3g}"
             log(f"epoch {state.epoch + 1}/{args.epochs} step {step}/{num_steps} "
@@ -368,21 +369,22 @@ def train_one_epoch(args, model, loader, optimizer, scheduler, scaler, device, s
 def divide_by_count(model, group_count, held):
     """The step's gradients divided by the count of all processes' micro-batches (one all-reduce):
     the global batch's mean over what batch_loss counts, samples or tokens, whichever processes
-    hold more of them. group_count is then zero again, for the next group."""
+    hold more of them. Returns the count per sample, 1 for samples; group_count is zero again."""
     dist.all_reduce(group_count)
-    # DDP averaged over the processes: times world_size and held undoes that and the weights' held.
-    factor = (dist.get_world_size() * held / group_count).float()
-    for param in model.parameters():
-        if param.grad is not None:
-            param.grad.mul_(factor)
+    # The processes' gradients were averaged, each mean weighed by count / held: this undoes both.
+    per_sample = group_count / (dist.get_world_size() * held)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    torch._foreach_mul_(grads, (1 / per_sample).float())  # one kernel, as clip_grad_norm_'s
     group_count.zero_()
+    return per_sample
 
 
-def stop_if_diverged(args, totals, grad_norm, scaler, where):
+def stop_if_diverged(args, totals, grad_norm, scaler, per_sample, where):
     """All processes' mean loss and count so far, by one all-reduce; every process stops here, in
     one line, where training diverged: a loss not finite, or (the same on every process) a gradient
     norm not finite or fp16's loss scale below 1. With fp16 a step whose gradients overflow is
-    skipped, and that is normal; below 1 even the unscaled gradients overflow fp16's range."""
+    skipped, and that is normal; below 1 (a scale on means per sample, whatever the count's unit)
+    even the unscaled gradients overflow fp16's range."""
     seen = totals.clone()
     dist.all_reduce(seen)
     loss_sum, count = seen.tolist()  # waits for the GPU
@@ -390,8 +392,8 @@ def stop_if_diverged(args, totals, grad_norm, scaler, where):
         raise diverged(args, f"loss {loss_sum / count:g} at {where}")
     if grad_norm is not None and not scaler.is_enabled() and not grad_norm.isfinite():
         raise diverged(args, f"gradient norm {grad_norm.item():g} at {where}")
-    if scaler.is_enabled() and scaler.get_scale() < 1:
-        raise diverged(args, f"fp16's loss scale fell to {scaler.get_scale():g} at {where}")
+    if scaler.is_enabled() and (scale := scaler.get_scale() * per_sample.item()) < 1:
+        raise diverged(args, f"fp16's loss scale fell to {scale:g} at {where}")
     return loss_sum / count, count
 
 
@@ -400,7 +402,7 @@ def stop_if_not_finite(args, tensors, what):
     bad = sum(torch.count_nonzero(~t.isfinite()) for t in tensors if t.is_floating_point())
     dist.all_reduce(bad)
     if bad.item():
-        raise diverged(args, f"{bad.item()} values of {what} are not finite: not written")
+        raise diverged(args, f"{what} would hold values that are not finite: not written")
 
 
 def diverged(args, problem):
@@ -1045,19 +1047,19 @@ def agreed_checkpoint(args, world_size):
     that misses the newest checkpoint would start afresh while the others resume, and hang."""
     try:
         checkpoint, path = find_checkpoint(args)
+        stop_if_repeating(args, path)  # [optional: divergence note]
         view = (f"{Path(path).name} (step {checkpoint['global_step']})" if path else "none", None)
     except ConfigError as err:
-        checkpoint, path, view = None, None, (None, str(err))
+        checkpoint, path, view = None, None, (None, (str(err), err.status))
     views = [None] * world_size
     dist.all_gather_object(views, view)
     for rank, (found, error) in enumerate(views):
         if error is not None:
-            raise ConfigError(error if rank == 0 else f"on rank {rank}: {error}")
+            raise ConfigError(error[0] if rank == 0 else f"on rank {rank}: {error[0]}", error[1])
         if found != views[0][0]:
             raise ConfigError(f"processes disagree on the checkpoint to resume from: rank 0 finds "
                               f"{views[0][0]}, rank {rank} finds {found}; every node must see the "
                               f"same --out-dir")
-    stop_if_repeating(args, path)  # [optional: divergence note]
     return checkpoint, path
 
 
@@ -1065,9 +1067,12 @@ def agreed_checkpoint(args, world_size):
 def note_divergence(args, err):
     """Note a divergence in --out-dir, where a restart finds it (stop_if_repeating); return where
     the same command, its settings changed, goes on from."""
+    if not str(err).startswith("training diverged: "):
+        return ""  # a restart that stop_if_repeating stopped: the note stays
     newest = list_checkpoints(Path(args.out_dir) / "checkpoints")[:1]
-    note = {"problem": str(err).split(";")[0], "checkpoint": newest[0].name if newest else None,
-            **{name: getattr(args, name) for name in TAMING}}
+    note = {"problem": str(err).split(";")[0].removeprefix("training diverged: "),
+            "checkpoint": newest[0].name if newest else None,
+            "config": json.loads(json.dumps(vars(args), default=str))}
     try:
         save_file(json.dumps(note).encode(), Path(args.out_dir) / "diverged.json")
     except (OSError, ConfigError):  # a disk that is full too: no note, the line as it is
@@ -1082,15 +1087,16 @@ def divergence_note(args, path):
         note = json.loads((Path(args.out_dir) / "diverged.json").read_text())
     except (OSError, ValueError):
         return None
-    return note if note["checkpoint"] == (path and Path(path).name) else None
+    return note if note.get("checkpoint") == (path and Path(path).name) else None
 
 
 # [optional: divergence note]
 def stop_if_repeating(args, path):
     """Stop at once, in one line, where this run would repeat a divergence, as torchrun's restart of
-    it would: from the checkpoint it went on from (path), with the same TAMING settings."""
-    note = divergence_note(args, path)
-    if note and all(note[name] == getattr(args, name) for name in TAMING):
+    it would: from the checkpoint it went on from (path), with the settings that decide it."""
+    note, settings = divergence_note(args, path), json.loads(json.dumps(vars(args), default=str))
+    if note and all(note.get("config", {}).get(name) == value for name, value in settings.items()
+                    if name not in RESUME_MAY_CHANGE + RESUME_MAY_CHANGE_TASK):
         raise ConfigError(f"this run diverged from here before ({note['problem']}) and would "
                           f"again: change --lr, --warmup-epochs, --clip-grad-norm or --amp (a "
                           f"resume after a divergence may), or start afresh in another --out-dir",
@@ -1187,7 +1193,7 @@ def start_or_resume(args, checkpoint, path, model, optimizer, scheduler, scaler,
     state = restore(checkpoint, path, model.module, optimizer, scheduler, scaler, rank)
     # [optional: divergence note]
     # This run's --lr and warm-up, which a resume after a divergence may change: its rate.
-    set_base_rate(scheduler, args.lr)
+    set_base_rate(scheduler, args.lr, checkpoint["config"]["lr"])
     if checkpoint["world_size"] != dist.get_world_size():
         # Another number of processes: the schedule goes on from the same fraction of the run.
         steps_per_epoch = math.ceil(len(train_loader) / args.accum_steps)
@@ -1204,9 +1210,11 @@ def start_or_resume(args, checkpoint, path, model, optimizer, scheduler, scaler,
 
 
 # [optional: divergence note]
-def set_base_rate(scheduler, lr):
-    """The schedule's base rate lr, and the rate of its current step recomputed from it."""
-    scheduler.base_lrs = [lr] * len(scheduler.base_lrs)
+def set_base_rate(scheduler, lr, saved):
+    """The schedule's base rates scaled from the checkpoint's --lr (saved) to this run's, and the
+    rate of its current step recomputed (another --warmup-epochs too): the same where neither is."""
+    if lr != saved:
+        scheduler.base_lrs = [base * lr / saved for base in scheduler.base_lrs]
     scheduler.last_epoch -= 1
     scheduler.step()
 

@@ -133,7 +133,7 @@ def stop_if_not_finite(args, tensors, what):
     """The run stops, in one line, rather than write `what` with a value that is not finite."""
     bad = sum(torch.count_nonzero(~t.isfinite()) for t in tensors if t.is_floating_point())
     if bad.item():
-        raise diverged(args, f"{bad.item()} values of {what} are not finite: not written")
+        raise diverged(args, f"{what} would hold values that are not finite: not written")
 
 
 def diverged(args, problem):

@@ -34,7 +34,8 @@ steps = 0
 
 @functools.cache
 def planted():
-    return float(module.parse_args(sys.argv[2:]).lr) == LR and RANK in (dist.get_rank(), -1)
+    rank = dist.get_rank() if dist.is_initialized() else 0  # steps 1-2 start no process group
+    return float(module.parse_args(sys.argv[2:]).lr) == LR and RANK in (rank, -1)
 
 
 def probed_step(step):

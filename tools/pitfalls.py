@@ -1230,11 +1230,12 @@ PITFALLS = [
         "correct": "the step's gradients divided by the count of all processes' micro-batches "
                    "(`divide_by_count`, one all-reduce of a number a step): the global batch's mean over "
                    "its samples or tokens, whichever the section counts",
-        "fix": [(script, "    divide_by_count(model, group_count, held)")
+        "fix": [(script, "per_sample = divide_by_count(model, group_count, held)")
                 for script in ("ddp_amp_accum.py", "ddp_full.py", "fsdp.py")],
         "guards": ["tests/test_sections.py::"
                    "test_a_section_counting_tokens_trains_as_the_same_section_counting_samples[ddp_amp_accum.py]"],
-        "mutation": ("ddp_amp_accum.py", "        divide_by_count(model, group_count, held)\n", ""),
+        "mutation": ("ddp_amp_accum.py", "        per_sample = divide_by_count(model, group_count, held)\n",
+                     "        per_sample = torch.ones((), dtype=torch.float64)\n"),
     },
     {
         "title": "A divergence only one process sees",
@@ -1276,9 +1277,9 @@ PITFALLS = [
                    "with the same settings, and diverges again: three times the time, three identical errors",
         "correct": "the run notes the divergence in `--out-dir` (`diverged.json`); a start from the same "
                    "checkpoint with the same settings stops at once in one line that says what to change",
-        "fix": [(script, "    stop_if_repeating(args, path)") for script in ("ddp_full.py", "fsdp.py")],
+        "fix": [(script, "    stop_if_repeating(args, path)  #") for script in ("ddp_full.py", "fsdp.py")],
         "guards": ["tests/test_divergence.py::test_a_restart_does_not_replay_a_divergence[ddp_full.py]"],
-        "mutation": ("ddp_full.py", "    stop_if_repeating(args, path)  # [optional: divergence note]\n", ""),
+        "mutation": ("ddp_full.py", "        stop_if_repeating(args, path)  # [optional: divergence note]\n", ""),
     },
     {
         "title": "A resume after a divergence that keeps the old --lr",
@@ -1287,11 +1288,12 @@ PITFALLS = [
                    "diverged, whatever `--lr` says, and diverges again",
         "correct": "after the restore the schedule's base rates are this run's `--lr`, and the current rate "
                    "recomputed at the same step (the same value where `--lr` did not change)",
-        "fix": [(script, "scheduler.base_lrs = [lr] * len(scheduler.base_lrs)")
+        "fix": [(script, "scheduler.base_lrs = [base * lr / saved for base in scheduler.base_lrs]")
                 for script in ("ddp_full.py", "fsdp.py")],
         "guards": ["tests/test_divergence.py::"
                    "test_after_a_divergence_a_lower_lr_goes_on_from_the_checkpoint_before_it[ddp_full.py]"],
-        "mutation": ("ddp_full.py", "    scheduler.base_lrs = [lr] * len(scheduler.base_lrs)\n", ""),
+        "mutation": ("ddp_full.py", "        scheduler.base_lrs = [base * lr / saved for base in scheduler.base_lrs]\n",
+                     "        pass\n"),
     },
     {
         "title": "fp16 skipping every step in silence",
@@ -1300,10 +1302,11 @@ PITFALLS = [
                    "toward 0, the weights never change, and the run ends with exit 0 and the starting model",
         "correct": "skipped steps are normal until the scale falls below 1, where even the unscaled gradients "
                    "overflow fp16: there every process stops, one line suggesting bf16, exit status 3",
-        "fix": [(script, "if scaler.is_enabled() and scaler.get_scale() < 1:")
+        "fix": [(script, "if scaler.is_enabled() and (scale := scaler.get_scale() * per_sample.item()) < 1:")
                 for script in ("ddp_amp_accum.py", "ddp_full.py", "fsdp.py")],
         "guards": ["tests/test_divergence.py::"
                    "test_fp16_skips_steps_whose_gradients_overflow_until_the_loss_scale_falls_below_1[ddp_amp_accum.py]"],
-        "mutation": ("ddp_amp_accum.py", "if scaler.is_enabled() and scaler.get_scale() < 1:", "if False:"),
+        "mutation": ("ddp_amp_accum.py", "if scaler.is_enabled() and (scale := scaler.get_scale() * per_sample.item()) < 1:",
+                     "if False:"),
     },
 ]
