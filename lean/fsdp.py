@@ -253,9 +253,8 @@ def divide_by_count(model, group_count, held):
 def stop_if_diverged(args, totals, grad_norm, scaler, per_sample, where):
     """All processes' mean loss and count so far, by one all-reduce; every process stops here, in
     one line, where training diverged: a loss not finite, or (the same on every process) a gradient
-    norm not finite or fp16's loss scale below 1. With fp16 a step whose gradients overflow is
-    skipped, and that is normal; below 1 (a scale on means per sample, whatever the count's unit)
-    even the unscaled gradients overflow fp16's range."""
+    norm not finite or fp16's loss scale per sample below 1, where even unscaled gradients overflow
+    fp16 (above it, a step skipped for an overflow is normal)."""
     seen = totals.clone()
     dist.all_reduce(seen)
     loss_sum, count = seen.tolist()  # waits for the GPU

@@ -125,7 +125,7 @@ def test_train_one_epoch_starts_within_the_first_third(script):
 # added (the count's weighting, the divergence checks: tests/README.md, "Line budgets"): new code pays
 # for itself by removing old. A script may shrink; a line more is a reviewed edit of this table.
 BUDGETS = {"single_gpu.py": 530, "dataparallel.py": 560, "ddp_basic.py": 688, "ddp_amp_accum.py": 772,
-           "ddp_full.py": 1770, "fsdp.py": 2271}
+           "ddp_full.py": 1776, "fsdp.py": 2277}
 # The lean copies (every optional part stripped): the numbers reached, a ratchet below which they may
 # go; the 360 / 380 / 460 / 510 / 800 / 1,050 are not met yet (tests/README.md says what is left).
 LEAN_BUDGETS = {"single_gpu.py": 452, "dataparallel.py": 478, "ddp_basic.py": 565, "ddp_amp_accum.py": 646,

@@ -218,7 +218,7 @@ MANIFEST = {
         "removed": {},
         "flags_added": {"--amp", "--accum-steps", "--clip-grad-norm", "--channels-last", "--global-batch-size"},
         "mechanisms": {"autocast"},
-        "diff_size": (145, 44),
+        "diff_size": (144, 44),
     },
     "ddp_full.py": {
         "concepts": [
