@@ -100,7 +100,9 @@ def main(selected, write=True, changed=False):
         header = ["# Mutation check: each pitfall put back, each guard run", "",
                   f"Run by `tools/mutation_check.py` on {datetime.date.today()} ({platform.machine()}, "
                   f"{os.cpu_count()} cores). Each row applies one mistake to a copy of the repository and runs the "
-                  f"guard tests named in [pitfalls.md](pitfalls.md) against it; every guard must fail.", "",
+                  f"guard tests named in [pitfalls.md](pitfalls.md) against it; every guard must fail. The run's "
+                  f"record, [mutations.json](mutations.json), holds each pitfall's fingerprint (the code it guards, "
+                  f"its guards): CI reruns only the pitfalls whose fingerprint has changed since.", "",
                   "| # | pitfall | mutated | result | time | first failure line |", "| --- | --- | --- | --- | --- | --- |"]
         (ROOT / "docs" / "mutations.md").write_text("\n".join(header + rows) + "\n")
         if not missed:
