@@ -11,6 +11,8 @@ files and the harness: conftest.py, the probes, the sections).
     .venv/bin/python tools/mutation_check.py --check      # all, writing nothing
     .venv/bin/python tools/mutation_check.py --changed    # only those whose fingerprint differs from
                                                           # the record's, writing nothing (CI)
+    .venv/bin/python tools/mutation_check.py --changed --record   # the same, the record updated for
+                                                          # those caught (a change's own check)
 
 The full run is made before a change lands and its record committed: CI then reruns only the pitfalls
 whose guarded code or guards changed since (none, for a change that landed with its record).
@@ -96,6 +98,11 @@ def main(selected, write=True, changed=False):
         print(f"{number:2d}. {pitfall['title']}: {verdict} in {seconds:.0f} s -- {reason}", flush=True)
         rows.append(f"| {number} | {pitfall['title']} | `{pitfall['mutation'][0]}` | {verdict} | {seconds:.0f} s | "
                     f"{reason.replace('|', '/')} |")
+    if changed and "--record" in sys.argv and not missed and selected:
+        record = json.loads(RECORD.read_text()) if RECORD.exists() else {"date": "never", "fingerprints": {}}
+        record["fingerprints"].update({str(n): fingerprints[str(n)] for n in selected})
+        record["updated"] = {**record.get("updated", {}), **{str(n): str(datetime.date.today()) for n in selected}}
+        RECORD.write_text(json.dumps(record, indent=1) + "\n")
     if write and not selected:
         header = ["# Mutation check: each pitfall put back, each guard run", "",
                   f"Run by `tools/mutation_check.py` on {datetime.date.today()} ({platform.machine()}, "
