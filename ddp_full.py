@@ -105,8 +105,7 @@ RESUME_MAY_CHANGE = ("workers", "out_dir", "log_interval", "resume", "ckpt_epoch
 # What tames a diverging run: a resume from the checkpoint before a divergence may change them.
 TAMING = ("lr", "warmup_epochs", "clip_grad_norm", "amp")
 CHECKPOINT_NAME = re.compile(r"^step_(\d+)\.pt$")
-# The exit status of a run stopped because it diverged, told from a crash (1) and bad input (2).
-EXIT_DIVERGED = 3
+EXIT_DIVERGED = 3  # a run stopped because it diverged, told from a crash (1) and bad input (2)
 # [optional: full disk]
 # sysexits.h's EX_IOERR: a failed write (full disk), told from bad input 2, crash 1, preemption 75.
 EXIT_WRITE_FAILED = 74
@@ -502,8 +501,7 @@ def add_task_arguments(parser):
                         help="side of the synthetic images and of imagefolder's crops")
     parser.add_argument("--model", default="cnn",
                         help="cnn (small, no batch statistics) or a torchvision classification "
-                             "model by name: resnet18, resnet50, convnext_tiny, ... (vit_b_16 at "
-                             "--image-size 224)")
+                             "model: resnet18, convnext_tiny, ... (vit_b_16 at --image-size 224)")
 
 
 def make_synthetic(num_samples, seed, split, size):
@@ -1459,6 +1457,10 @@ def configure_cuda(args, device):
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.backends.cudnn.deterministic = True
         args.tf32 = args.cudnn_benchmark = False
+        if device.type == "cuda":  # attention's fused backwards sum in any order: its math kernel
+            torch.backends.cuda.enable_flash_sdp(False)
+            torch.backends.cuda.enable_mem_efficient_sdp(False)
+            torch.backends.cuda.enable_cudnn_sdp(False)
     # TF32: float32 matmuls and convolutions on tensor cores, several times faster from Ampere on.
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = args.tf32
     # cuDNN times its algorithms per input shape and keeps the fastest: a GPU run's bits may vary.
@@ -1603,12 +1605,11 @@ def parse_args(argv=None):
     parser.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction, default=True,
                         help="CUDA: cuDNN times its algorithms per input shape, keeps the fastest")
     # [optional: deterministic]
-    parser.add_argument("--deterministic", action="store_true",
-                        help="CUDA: deterministic kernels, no TF32, no autotuning: runs and "
-                             "resumes repeat bit for bit; slower")
-    parser.add_argument("--compile", action="store_true",
-                        help="torch.compile the model: faster GPU steps after minutes of "
-                             "compiling, slower on CPU (default: off)")
+    parser.add_argument("--deterministic", action="store_true", help="CUDA: deterministic "
+                        "kernels (attention's math one, not its fused ones), no TF32, no "
+                        "autotuning: runs and resumes repeat bit for bit; slower (attention most)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model: faster "
+                        "GPU steps after minutes of compiling, slower on CPU (default: off)")
     # [optional: init-from]
     parser.add_argument("--init-from", default=None,
                         help="start from these weights: a model.pt of any step, a state dict, or "
@@ -1626,10 +1627,9 @@ def parse_args(argv=None):
     parser.set_defaults(accum_steps=None)  # [optional: global batch]
     parser.add_argument("--clip-grad-norm", type=float, default=0.0,
                         help="clip the global gradient norm to this value; 0 turns clipping off")
-    parser.add_argument("--resume", default="auto",
-                        help="auto: the newest readable checkpoint in <out-dir>/checkpoints, if "
-                             "any; none: start afresh; or the path of a checkpoint (none and a "
-                             "path refuse an --out-dir holding later checkpoints)")
+    parser.add_argument("--resume", default="auto", help="auto: the newest readable checkpoint "
+                        "in <out-dir>/checkpoints, if any; none: start afresh; or a checkpoint's "
+                        "path (none and a path refuse an --out-dir holding later checkpoints)")
     parser.add_argument("--ckpt-epochs", type=int, default=1,
                         help="checkpoint every this many epochs and after the last; 0: the last")
     parser.add_argument("--keep-last", type=int, default=3, help="checkpoints kept; older go")

@@ -181,10 +181,10 @@ def host_memory_rows(model, nproc, before, init_from_before):
     return lines
 
 
-def collectives(model, blocks, before):
+def collectives(model, blocks, before, amps):
     """Collectives per optimizer step (the difference of an epoch of 3 steps and one of 1, halved:
     the epoch's own, logging's sums, cancel) of fsdp.py, and of it at the revision before, 2
-    processes."""
+    processes, under each --amp of amps (bf16 alone where the units differ, for the smoke test)."""
     lines = ["", f"## Collectives per step ({model}, {blocks} blocks, 2 processes)", "",
              "Collectives one process issues per optimizer step, c10d's operators counted by a "
              "dispatch mode around `train_one_epoch`: an epoch of 3 steps less an epoch of 1, halved. "
@@ -200,7 +200,7 @@ def collectives(model, blocks, before):
     with tempfile.TemporaryDirectory() as tmp:
         rows, weights = [], {}
         for label, path in (("before", revision(before, tmp)), ("now", ROOT / "fsdp.py")):
-            for amp in ("none", "bf16"):
+            for amp in amps:
                 counts = {}
                 for steps in (1, 3):
                     out_dir = Path(tmp) / f"{label}_{amp}_{steps}"
@@ -278,7 +278,8 @@ def main(argv=None):
             lines += host_memory(["resnet18"] if args.quick else ["resnet50", "vit_b_16"],
                                  [2] if args.quick else [2, 4], args.before, args.init_from_before)
         elif part == "collectives":
-            lines += collectives(*(("resnet18", 8) if args.quick else ("resnet50", 16)), args.norm_unit_before)
+            lines += collectives(*(("resnet18", 8) if args.quick else ("resnet50", 16)), args.norm_unit_before,
+                                 ("bf16",) if args.quick else ("none", "bf16"))
         else:
             lines += activations("resnet18" if args.quick else "resnet50",
                                  *((32, 2, 2, 1) if args.quick else (64, 16, 4, 3)))

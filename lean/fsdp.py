@@ -74,8 +74,7 @@ RESUME_MAY_CHANGE = ("workers", "out_dir", "log_interval", "resume", "ckpt_epoch
                      "cudnn_benchmark")
 # A checkpoint is a directory of files (see save_checkpoint).
 CHECKPOINT_NAME = re.compile(r"^step_(\d+)$")
-# The exit status of a run stopped because it diverged, told from a crash (1) and bad input (2).
-EXIT_DIVERGED = 3
+EXIT_DIVERGED = 3  # a run stopped because it diverged, told from a crash (1) and bad input (2)
 
 
 # --- main -----------------------------------------------------------------------------------------
@@ -368,8 +367,7 @@ def add_task_arguments(parser):
                         help="side of the synthetic images and of imagefolder's crops")
     parser.add_argument("--model", default="cnn",
                         help="cnn (small, no batch statistics) or a torchvision classification "
-                             "model by name: resnet18, resnet50, convnext_tiny, ... (vit_b_16 at "
-                             "--image-size 224)")
+                             "model: resnet18, convnext_tiny, ... (vit_b_16 at --image-size 224)")
 
 
 def make_synthetic(num_samples, seed, split, size):
@@ -1084,9 +1082,8 @@ def parse_args(argv=None):
                         help="CUDA: float32 matmuls and convolutions on tensor cores (TF32)")
     parser.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction, default=True,
                         help="CUDA: cuDNN times its algorithms per input shape, keeps the fastest")
-    parser.add_argument("--compile", action="store_true",
-                        help="torch.compile the model: faster GPU steps after minutes of "
-                             "compiling, slower on CPU (default: off)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model: faster "
+                        "GPU steps after minutes of compiling, slower on CPU (default: off)")
     add_task_arguments(parser)
     parser.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none",
                         help="gather the parameters in this precision for forward and backward "
@@ -1098,10 +1095,9 @@ def parse_args(argv=None):
                         help="micro-batches averaged into each optimizer step (default: 1)")
     parser.add_argument("--clip-grad-norm", type=float, default=0.0,
                         help="clip the global gradient norm to this value; 0 turns clipping off")
-    parser.add_argument("--resume", default="auto",
-                        help="auto: the newest readable checkpoint in <out-dir>/checkpoints, if "
-                             "any; none: start afresh; or the path of a checkpoint (none and a "
-                             "path refuse an --out-dir holding later checkpoints)")
+    parser.add_argument("--resume", default="auto", help="auto: the newest readable checkpoint "
+                        "in <out-dir>/checkpoints, if any; none: start afresh; or a checkpoint's "
+                        "path (none and a path refuse an --out-dir holding later checkpoints)")
     parser.add_argument("--ckpt-epochs", type=int, default=1,
                         help="checkpoint every this many epochs and after the last; 0: the last")
     parser.add_argument("--keep-last", type=int, default=3, help="checkpoints kept; older go")

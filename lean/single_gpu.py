@@ -26,8 +26,7 @@ MOMENTUM = 0.9
 # PyTorch's default, its decay the vision transformer recipes'.
 OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.03, "weight_decay": 5e-4},
                       "adamw": {"lr": 1e-3, "weight_decay": 0.05}}
-# The exit status of a run stopped because it diverged, told from a crash (1) and bad input (2).
-EXIT_DIVERGED = 3
+EXIT_DIVERGED = 3  # a run stopped because it diverged, told from a crash (1) and bad input (2)
 
 
 # --- main -----------------------------------------------------------------------------------------
@@ -180,8 +179,7 @@ def add_task_arguments(parser):
                         help="side of the synthetic images and of imagefolder's crops")
     parser.add_argument("--model", default="cnn",
                         help="cnn (small, no batch statistics) or a torchvision classification "
-                             "model by name: resnet18, resnet50, convnext_tiny, ... (vit_b_16 at "
-                             "--image-size 224)")
+                             "model: resnet18, convnext_tiny, ... (vit_b_16 at --image-size 224)")
 
 
 def make_synthetic(num_samples, seed, split, size):
@@ -401,9 +399,8 @@ def parse_args(argv=None):
     parser.add_argument("--out-dir", default=None, help="output folder (default: runs/<script>)")
     parser.add_argument("--log-interval", type=int, default=20,
                         help="optimizer steps between progress lines")
-    parser.add_argument("--compile", action="store_true",
-                        help="torch.compile the model: faster GPU steps after minutes of "
-                             "compiling, slower on CPU (default: off)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model: faster "
+                        "GPU steps after minutes of compiling, slower on CPU (default: off)")
     add_task_arguments(parser)
     args = parser.parse_args(argv)
     if args.out_dir is None:

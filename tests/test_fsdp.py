@@ -527,7 +527,8 @@ def test_fsdp_activation_checkpointing_trains_bitwise_the_same_model(runs, model
     args = [*BATCHNORM, "--model", model, *extra]
     name = f"fsdp_{model}_{'_'.join(extra) or 'fp32'}_w2"
     plain = runs.get(name, "fsdp.py", args, nproc=2, tiny=False)
-    checkpointed = runs.get(f"{name}_ac", "fsdp.py", [*args, "--activation-checkpointing"], nproc=2, tiny=False)
+    checkpointed = (recomputed_resnet18_bf16(runs)[0] if (model, extra) == ("resnet18", ["--amp", "bf16"]) else
+                    runs.get(f"{name}_ac", "fsdp.py", [*args, "--activation-checkpointing"], nproc=2, tiny=False))
     expected, got = weights(plain), weights(checkpointed)
     assert expected.keys() == got.keys()
     assert [key for key in expected if not torch.equal(expected[key], got[key])] == []
@@ -536,19 +537,28 @@ def test_fsdp_activation_checkpointing_trains_bitwise_the_same_model(runs, model
     assert untimed[0] == untimed[1]
 
 
+def recomputed_resnet18_bf16(runs):
+    """(run, probe directory) of fsdp.py's resnet18 in bf16 with --activation-checkpointing, through
+    tests/fsdp_probe.py recording FSDP's forward root (a record: the arithmetic is the script's),
+    shared by the two tests that read it."""
+    probe_dir = runs.root / "fsdp_resnet18_bf16_ac_probe"
+    probe_dir.mkdir(exist_ok=True)
+    return runs.get("fsdp_resnet18_bf16_ac_root_w2", "tests/fsdp_probe.py",
+                    [*BATCHNORM, "--model", "resnet18", "--amp", "bf16", "--activation-checkpointing"], nproc=2,
+                    tiny=False, env={"PROBE_DIR": str(probe_dir), "PROBE_ROOT": "1"}), probe_dir
+
+
 @pytest.mark.slow
-def test_activation_checkpointing_leaves_fsdps_forward_root_free_for_every_forward(tmp_path):
+def test_activation_checkpointing_leaves_fsdps_forward_root_free_for_every_forward(runs):
     # Every training forward must find FSDP's forward root free and claim it with the model's own
     # unit: that claim is where, on a GPU, the all-gathers wait for the optimizer's last writes to
     # the shards. A recomputed block runs its modules' FSDP hooks inside the backward; a BatchNorm
     # unit there claimed the root, and torch 2.11 never freed it (2.14 does at the backward's end):
     # from the second step on every forward skipped that wait, a silent race on CUDA. Run on 2.11
     # and 2.14.1 (tests/README.md).
-    check(launch("tests/fsdp_probe.py", [*BATCHNORM, "--amp", "bf16", "--activation-checkpointing", "--out-dir",
-                                         str(tmp_path / "run")], nproc=2,
-                 env={"PROBE_DIR": str(tmp_path), "PROBE_ROOT": "1"}))
+    _, probe_dir = recomputed_resnet18_bf16(runs)
     for rank in (0, 1):
-        record = json.loads((tmp_path / f"root_w2_r{rank}.json").read_text())
+        record = json.loads((probe_dir / f"root_w2_r{rank}.json").read_text())
         forwards = record["forwards"]
         assert len(forwards) == 3, record  # 48 samples, 2 processes x 8: 3 steps
         assert [(f["free"], f["claimed_by"][:1]) for f in forwards] == [(True, ["root"])] * 3, record

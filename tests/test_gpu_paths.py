@@ -142,6 +142,39 @@ def test_deterministic_sets_cublas_cudnn_and_torch_to_their_deterministic_kernel
          torch.backends.cudnn.allow_tf32) = saved[2:]
 
 
+@pytest.mark.parametrize("script", ["ddp_full.py", "fsdp.py"])
+def test_deterministic_on_cuda_gives_attention_its_math_kernel_and_leaves_the_cpus_alone(script):
+    # Under warn_only, the fused attention kernels' backwards (flash, memory-efficient, cuDNN) only
+    # warn and sum in any order (ATen's attention_backward.cu): on CUDA --deterministic turns them
+    # off, leaving the math kernel (matmuls and softmax). The same switch turns CPU's flash kernel
+    # off (sdp_utils_cpp.cpp), deterministic already: on the CPU nothing changes.
+    module = load_script(script)
+    sdp = torch.backends.cuda
+    switches = {"flash": sdp.enable_flash_sdp, "mem_efficient": sdp.enable_mem_efficient_sdp,
+                "cudnn": sdp.enable_cudnn_sdp, "math": sdp.enable_math_sdp}
+    state = {"flash": sdp.flash_sdp_enabled, "mem_efficient": sdp.mem_efficient_sdp_enabled,
+             "cudnn": sdp.cudnn_sdp_enabled, "math": sdp.math_sdp_enabled}
+    saved = ({name: read() for name, read in state.items()}, torch.are_deterministic_algorithms_enabled(),
+             torch.is_deterministic_algorithms_warn_only_enabled(), torch.backends.cudnn.deterministic,
+             torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    try:
+        module.configure_cuda(module.parse_args(["--deterministic"]), torch.device("cpu"))
+        assert {name: read() for name, read in state.items()} == dict.fromkeys(state, True)
+        module.configure_cuda(module.parse_args(["--deterministic"]), torch.device("cuda", 0))
+        assert {name: read() for name, read in state.items()} == {
+            "flash": False, "mem_efficient": False, "cudnn": False, "math": True}
+        for switch in switches.values():
+            switch(True)
+        module.configure_cuda(module.parse_args([]), torch.device("cuda", 0))  # without the flag: the fast ones
+        assert {name: read() for name, read in state.items()} == dict.fromkeys(state, True)
+    finally:
+        for name, switch in switches.items():
+            switch(saved[0][name])
+        torch.use_deterministic_algorithms(saved[1], warn_only=saved[2])
+        (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.allow_tf32,
+         torch.backends.cudnn.allow_tf32) = saved[3:]
+
+
 FLIGHT_RECORDER = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE",
                    "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_NCCL_DUMP_ON_TIMEOUT")
 

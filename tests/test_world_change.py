@@ -7,6 +7,7 @@ for the CNN (no batch statistics, no dropout) the weights end where that run's d
 equivalence tolerance (test_equivalence.py: only where float32 sums happen differs).
 """
 import os
+import shutil
 import signal
 
 import pytest
@@ -42,7 +43,9 @@ def test_a_resume_on_another_number_of_processes_with_global_batch_size_trains_a
         script, nproc, stop, runs, tmp_path):
     name = script.removesuffix(".py")
     reference = runs.get(f"{name}_global32_w2", script, GLOBAL, nproc=2)
-    run(script, tmp_path, "--max-steps", STOPS[stop], nproc=2)
+    # The stop on 2 processes, shared by the resumes on 1 and 4: each resumes a copy of it.
+    stopped = runs.get(f"{name}_global32_w2_stop{STOPS[stop]}", script, [*GLOBAL, "--max-steps", STOPS[stop]], nproc=2)
+    shutil.copytree(stopped, tmp_path, dirs_exist_ok=True)
     resumed = run(script, tmp_path, nproc=nproc)
     accum = 32 // (8 * nproc)
     assert f"global batch 32 = 8 per process x {nproc} processes x {accum} accumulation steps" in resumed.stdout

@@ -1309,4 +1309,18 @@ PITFALLS = [
         "mutation": ("ddp_amp_accum.py", "if scaler.is_enabled() and (scale := scaler.get_scale() * per_sample.item()) < 1:",
                      "if False:"),
     },
+    {
+        "title": "Attention left to its fused kernels under --deterministic",
+        "mistake": "taking `torch.use_deterministic_algorithms(True, warn_only=True)` for deterministic attention",
+        "symptom": "on CUDA, flash, memory-efficient and cuDNN attention only warn under warn_only and add their "
+                   "backward's blocks in any order: a transformer's resume is not bitwise under the flag that "
+                   "promises it, one warning in the log",
+        "correct": "under `--deterministic`, on CUDA only, the fused attention kernels off, the math one left "
+                   "(matmuls and a softmax); the CPU's attention untouched",
+        "fix": [(script, "            torch.backends.cuda.enable_flash_sdp(False)")
+                for script in ("ddp_full.py", "fsdp.py")],
+        "guards": ["tests/test_gpu_paths.py::"
+                   "test_deterministic_on_cuda_gives_attention_its_math_kernel_and_leaves_the_cpus_alone[ddp_full.py]"],
+        "mutation": ("ddp_full.py", "            torch.backends.cuda.enable_flash_sdp(False)\n", ""),
+    },
 ]
