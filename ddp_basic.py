@@ -21,8 +21,10 @@ A copier's map: what deleting each "# [optional: NAME]" gives up (lean/ddp_basic
     unused params     --find-unused-parameters: for a model whose steps leave parameters out
     legacy launcher   python -m torch.distributed.launch (--local-rank)
     error exchange    an error in rank0_only or rank0_first stops every process at once, in one line
+    profile           --profile: a trace of a few steps per process, and where each one's time went
 """
 import argparse
+import atexit  # [optional: profile]
 import datetime
 import gc
 import json
@@ -75,6 +77,7 @@ def train(args):
     # The weights came from the same seed everywhere; from here on each process draws its own
     # random numbers (dropout, augmentation), or all of them would repeat one draw.
     set_seed(args.seed + rank)
+    start_profiler(args, optimizer, device, rank)  # [optional: profile]
     log(f"process group {dist.get_backend()} | {world_size} processes | "
         f"timeout {args.timeout_min:g} min")
     log(f"global batch {args.batch_size * world_size} = {args.batch_size} per process x "
@@ -585,6 +588,9 @@ def parse_args(argv=None):
                         help="optimizer steps between progress lines")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model: faster "
                         "GPU steps after minutes of compiling, slower on CPU (default: off)")
+    # [optional: profile]
+    parser.add_argument("--profile", action="store_true", help="profile optimizer steps 4-6: "
+                        "each process's trace in --out-dir, and where its time went (default: off)")
     add_task_arguments(parser)
     parser.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
                         help="process group backend; auto is nccl with CUDA, gloo without")
@@ -639,6 +645,66 @@ def log(message):
     """Print on rank 0 only: every process runs this code, and one copy of each line is enough."""
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(message, flush=True)
+
+
+# [optional: profile]
+def start_profiler(args, optimizer, device, rank):
+    """With --profile, torch.profiler over optimizer steps 4-6 (the first ones allocate memory and
+    pick kernels): each process's trace in --out-dir, Chrome's format (Perfetto reads it too)."""
+    if not args.profile:
+        return
+    path = Path(args.out_dir) / f"profile_rank{rank}.json"
+
+    def step(*_):
+        if profiler.step_num < 6:  # after the profiled steps, nothing
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)  # a step's time includes its GPU work
+            profiler.step()
+
+    def trace_ready(_):  # every process's line, after the profiled steps
+        if profiler.step_num < 6:  # stopped at the exit below
+            return print(f"rank {rank}: nothing profiled: the run ended before step 6", flush=True)
+        profiler.export_chrome_trace(str(path))
+        print(f"rank {rank}: {summarize_trace(path)} | {path}", flush=True)
+
+    profiler = torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA][
+            :1 + (device.type == "cuda")],
+        schedule=torch.profiler.schedule(wait=2, warmup=1, active=3, repeat=1),
+        on_trace_ready=trace_ready)
+    optimizer.register_step_post_hook(step)  # a profiler step ends with each optimizer step
+    profiler.start()
+    atexit.register(profiler.stop)  # one left running at the exit crashes it
+
+
+# [optional: profile]
+def summarize_trace(path):
+    """Milliseconds a profiled step: its time, its collectives' (gloo's or nccl's), and theirs
+    that no computation hid (a GPU kernel; on a CPU, an op of the training thread)."""
+    events = [e for e in json.loads(Path(path).read_text())["traceEvents"] if e.get("ph") == "X"]
+    steps = [e for e in events if e["name"].startswith("ProfilerStep#")]
+    gpu = any(e.get("cat") == "kernel" for e in events)
+
+    def collective(e):
+        return "nccl" in e["name"].lower() if gpu else e["name"].startswith("gloo:")
+
+    def spans(keep):  # the union of the kept events' intervals
+        merged = []
+        for start, end in sorted((e["ts"], e["ts"] + e["dur"]) for e in events if keep(e)):
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        return merged
+
+    comms = spans(collective)
+    busy = spans(lambda e: not collective(e) and (e.get("cat") == "kernel" if gpu else (
+        e.get("cat") == "cpu_op" and e["tid"] == steps[0]["tid"] and "c10d::" not in e["name"])))
+    ms = 1e-3 / len(steps)  # from microseconds in all to milliseconds a step
+    comm = sum(end - start for start, end in comms) * ms
+    hidden = sum(max(0, min(end, e) - max(start, s)) for start, end in comms for s, e in busy) * ms
+    return (f"{len(steps)} steps profiled: {sum(e['dur'] for e in steps) * ms:.1f} ms a step, "
+            f"collectives {comm:.1f} ms, not hidden {comm - hidden:.1f} ms")
 
 
 def describe(model):

@@ -37,6 +37,7 @@ shows to train the same weights, resume bitwise and validate exactly. What each 
     init-from         --init-from: fine-tuning from a model.pt, a state dict or pretrained weights
     sync-bn           --sync-bn: BatchNorm statistics of the global batch
     buckets           --bucket-cap-mb, --gradient-as-bucket-view: tuning DDP's buckets
+    grad compression  --grad-compression: gradients all-reduced in 16 bits, half the bytes
     unused params     --find-unused-parameters: for a model whose steps leave parameters out
     legacy launcher   python -m torch.distributed.launch (--local-rank)
     model check       one line, not a traceback midway, for a model that cannot take the data
@@ -58,8 +59,10 @@ shows to train the same weights, resume bitwise and validate exactly. What each 
     global batch      --global-batch-size: the global batch kept on any number of processes
     primed buckets    a resume on 3+ processes bitwise too (DDP re-buckets after a run's first step)
     divergence note   a restart after a divergence stops at once; a resume from it may lower --lr
+    profile           --profile: a trace of a few steps per process, and where each one's time went
 """
 import argparse
+import atexit  # [optional: profile]
 import contextlib
 import dataclasses
 import datetime
@@ -82,6 +85,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+# [optional: grad compression]
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Sampler, Subset, TensorDataset
 
@@ -96,6 +101,7 @@ OPTIMIZER_DEFAULTS = {"sgd": {"lr": 0.03, "weight_decay": 5e-4},
 RESUME_MAY_CHANGE = ("workers", "out_dir", "log_interval", "resume", "ckpt_epochs", "keep_last",
                      "ckpt_steps", "max_steps",  # [optional: mid-epoch]
                      "bucket_cap_mb", "gradient_as_bucket_view",  # [optional: buckets]
+                     "grad_compression",  # [optional: grad compression]
                      "find_unused_parameters",  # [optional: unused params]
                      "local_rank",  # [optional: legacy launcher]
                      "init_from",  # [optional: init-from]
@@ -150,19 +156,14 @@ def train(args):
         # In place, before DDP wraps it: dynamo skips torch.nn's code, so a compiled wrapper would
         # skip DDP's forward and an nn.Sequential model's. DDP cuts the compiled model at buckets.
         model.compile()
-    # [optional: sync-bn]
-    if args.sync_bn:
-        if device.type != "cuda":
-            raise ConfigError("--sync-bn needs CUDA GPUs: SyncBatchNorm runs on GPUs only")
-        # The global batch's statistics, all-reduced in every forward: they pay for small batches
-        # per GPU. Its keys stay BatchNorm's (model.pt loads without it); a resume needs it again.
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    model = sync_batchnorm(args, model, device)  # [optional: sync-bn]
     # DDP broadcasts rank 0's weights at construction and averages gradients during backward.
     model = DDP(model,
                 bucket_cap_mb=args.bucket_cap_mb,  # [optional: buckets]
                 gradient_as_bucket_view=args.gradient_as_bucket_view,  # [optional: buckets]
                 find_unused_parameters=args.find_unused_parameters,  # [optional: unused params]
                 device_ids=[local_rank] if device.type == "cuda" else None)  # its GPU; on CPU none
+    compress_gradients(args, model)  # [optional: grad compression]
     optimizer = build_optimizer(args, model)
     scheduler = build_scheduler(args, optimizer, math.ceil(len(train_loader) / args.accum_steps))
     # fp16 needs loss scaling (small gradients underflow in fp16); bf16 has fp32's range and does
@@ -171,6 +172,7 @@ def train(args):
     # The weights came from the same seed everywhere; from here on each process draws its own
     # random numbers (dropout, augmentation), or all of them would repeat one draw.
     set_seed(args.seed + rank)
+    start_profiler(args, optimizer, device, rank)  # [optional: profile]
     state = start_or_resume(args, checkpoint, checkpoint_path, model, optimizer, scheduler,
                             scaler, train_loader, rank)
     del checkpoint  # all it holds is restored now: free its memory
@@ -1311,8 +1313,7 @@ class ReadableSamples(torch.utils.data.Dataset):
             try:
                 return self.dataset[(index + offset) % len(self.dataset)], unreadable
             except UNREADABLE as err:
-                # This sample's own file is reported (once per epoch); the others tried in its
-                # place are reported by their own keys.
+                # Its own file is reported (once an epoch); those tried in its place, by their keys.
                 unreadable = unreadable or [describe_unreadable(self.dataset, index, err)]
         if not self.stand_in:
             return None, unreadable
@@ -1467,6 +1468,24 @@ def configure_cuda(args, device):
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
 
 
+# [optional: grad compression]
+def compress_gradients(args, model):
+    """With --grad-compression, DDP's buckets travel in 16 bits: torch's communication hook, in
+    place of DDP's own all-reduce, divides each by the processes, casts, sums, casts back."""
+    if args.grad_compression != "none":
+        hook = getattr(default_hooks, f"{args.grad_compression}_compress_hook")
+        model.register_comm_hook(None, hook)
+        log(f"DDP all-reduces gradients in {args.grad_compression}")
+
+
+# [optional: sync-bn]
+def sync_batchnorm(args, model, device):
+    """--sync-bn: BatchNorm's statistics of the global batch, all-reduced in every forward."""
+    if args.sync_bn and device.type != "cuda":
+        raise ConfigError("--sync-bn needs CUDA GPUs: SyncBatchNorm runs on GPUs only")
+    return nn.SyncBatchNorm.convert_sync_batchnorm(model) if args.sync_bn else model
+
+
 def prepare_out_dir(args):
     """Create --out-dir: a file standing where it should be stops the run now, in one line."""
     try:
@@ -1558,8 +1577,7 @@ TASK_HOOKS = {
 
 # [optional: section check]
 def check_task():
-    """Before any work: a section "your data and model" that lacks a name the script uses is one
-    line naming each, not a NameError midway."""
+    """Before any work, not as a NameError midway: names the section "your data and model" lacks."""
     missing = [f"{name}: {what}" for name, what in TASK_HOOKS.items() if name not in globals()]
     if missing:
         raise ConfigError(f"the section \"your data and model\" has no {'; no '.join(missing)}")
@@ -1610,6 +1628,9 @@ def parse_args(argv=None):
                         "autotuning: runs and resumes repeat bit for bit; slower (attention most)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model: faster "
                         "GPU steps after minutes of compiling, slower on CPU (default: off)")
+    # [optional: profile]
+    parser.add_argument("--profile", action="store_true", help="profile optimizer steps 4-6: "
+                        "each process's trace in --out-dir, and where its time went (default: off)")
     # [optional: init-from]
     parser.add_argument("--init-from", default=None,
                         help="start from these weights: a model.pt of any step, a state dict, or "
@@ -1648,6 +1669,10 @@ def parse_args(argv=None):
     # [optional: buckets]
     parser.add_argument("--gradient-as-bucket-view", action="store_true",
                         help="gradients in DDP's buckets: a copy less (default: off, as in DDP)")
+    # [optional: grad compression]
+    parser.add_argument("--grad-compression", choices=["none", "bf16", "fp16"], default="none",
+                        help="DDP all-reduces gradients in 16 bits: half the bytes for a slow "
+                             "network, the sum rounded to 16 bits (fp16 overflows sooner)")
     parser.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
                         help="process group backend; auto is nccl with CUDA, gloo without")
     parser.add_argument("--timeout-min", type=float, default=30.0,
@@ -1728,6 +1753,66 @@ def warn(message):
     not rank 0's to see): one line on stderr, naming the process."""
     # One write: the lines of processes that warn at once never run together.
     sys.stderr.write(f"{Path(__file__).name}: warning: rank {dist.get_rank()}: {message}\n")
+
+
+# [optional: profile]
+def start_profiler(args, optimizer, device, rank):
+    """With --profile, torch.profiler over optimizer steps 4-6 (the first ones allocate memory and
+    pick kernels): each process's trace in --out-dir, Chrome's format (Perfetto reads it too)."""
+    if not args.profile:
+        return
+    path = Path(args.out_dir) / f"profile_rank{rank}.json"
+
+    def step(*_):
+        if profiler.step_num < 6:  # after the profiled steps, nothing
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)  # a step's time includes its GPU work
+            profiler.step()
+
+    def trace_ready(_):  # every process's line, after the profiled steps
+        if profiler.step_num < 6:  # stopped at the exit below
+            return print(f"rank {rank}: nothing profiled: the run ended before step 6", flush=True)
+        profiler.export_chrome_trace(str(path))
+        print(f"rank {rank}: {summarize_trace(path)} | {path}", flush=True)
+
+    profiler = torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA][
+            :1 + (device.type == "cuda")],
+        schedule=torch.profiler.schedule(wait=2, warmup=1, active=3, repeat=1),
+        on_trace_ready=trace_ready)
+    optimizer.register_step_post_hook(step)  # a profiler step ends with each optimizer step
+    profiler.start()
+    atexit.register(profiler.stop)  # one left running at the exit crashes it
+
+
+# [optional: profile]
+def summarize_trace(path):
+    """Milliseconds a profiled step: its time, its collectives' (gloo's or nccl's), and theirs
+    that no computation hid (a GPU kernel; on a CPU, an op of the training thread)."""
+    events = [e for e in json.loads(Path(path).read_text())["traceEvents"] if e.get("ph") == "X"]
+    steps = [e for e in events if e["name"].startswith("ProfilerStep#")]
+    gpu = any(e.get("cat") == "kernel" for e in events)
+
+    def collective(e):
+        return "nccl" in e["name"].lower() if gpu else e["name"].startswith("gloo:")
+
+    def spans(keep):  # the union of the kept events' intervals
+        merged = []
+        for start, end in sorted((e["ts"], e["ts"] + e["dur"]) for e in events if keep(e)):
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        return merged
+
+    comms = spans(collective)
+    busy = spans(lambda e: not collective(e) and (e.get("cat") == "kernel" if gpu else (
+        e.get("cat") == "cpu_op" and e["tid"] == steps[0]["tid"] and "c10d::" not in e["name"])))
+    ms = 1e-3 / len(steps)  # from microseconds in all to milliseconds a step
+    comm = sum(end - start for start, end in comms) * ms
+    hidden = sum(max(0, min(end, e) - max(start, s)) for start, end in comms for s, e in busy) * ms
+    return (f"{len(steps)} steps profiled: {sum(e['dur'] for e in steps) * ms:.1f} ms a step, "
+            f"collectives {comm:.1f} ms, not hidden {comm - hidden:.1f} ms")
 
 
 def describe(model):

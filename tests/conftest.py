@@ -105,6 +105,22 @@ def descendants(pid):
     return found
 
 
+def stacks(pids):
+    """Each process's Python and native stacks, by py-spy (requirements-dev.txt): where a hang waits."""
+    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+    if spy is None:
+        return "(py-spy is not installed)"
+    dumps = []
+    for pid in pids:
+        try:
+            dump = subprocess.run([spy, "dump", "--native", "--pid", str(pid)], capture_output=True, text=True,
+                                  timeout=30)
+            dumps.append(dump.stdout + dump.stderr)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            dumps.append(f"process {pid}: {err}")
+    return "\n".join(dumps)
+
+
 def launch(script, args, nproc=None, env=None, torchrun_args=(), timeout=LAUNCH_TIMEOUT, wrap=()):
     """Run the script as a user does (see command); `wrap` goes before the command (a program that
     runs it)."""
@@ -117,9 +133,11 @@ def launch(script, args, nproc=None, env=None, torchrun_args=(), timeout=LAUNCH_
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        where = stacks([process.pid, *descendants(process.pid)])
         end([process])
         stdout, stderr = process.communicate()
-        pytest.fail(f"{' '.join(cmd)} did not finish in {timeout} s (a hung collective?)\n{stdout[-3000:]}\n{stderr[-3000:]}")
+        pytest.fail(f"{' '.join(cmd)} did not finish in {timeout} s (a hung collective?)\n{stdout[-3000:]}\n"
+                    f"{stderr[-3000:]}\n--- where each process waited\n{where}")
     return subprocess.CompletedProcess(cmd, process.returncode, stdout, stderr)
 
 

@@ -132,7 +132,7 @@ def test_gpu_check_runs_every_script_with_flags_it_accepts(tmp_path):
     # The check itself needs CUDA, which CI does not have; its dry run prints the commands it would
     # run, so a renamed or removed flag fails here instead of on the next machine with a GPU. The
     # transformer's copy of fsdp.py is made here where the check would make it.
-    gpu, checked = load_gpu_check(), set()
+    gpu, checked, modules = load_gpu_check(), set(), {}
     for gpus in ("1", "2", "8"):
         output = gpu_check("--dry-run", "--gpus", gpus, env={**os.environ, "TMPDIR": str(tmp_path)}).stdout
         for line in output.splitlines():
@@ -145,10 +145,11 @@ def test_gpu_check_runs_every_script_with_flags_it_accepts(tmp_path):
                 path = Path(name)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 gpu.transformer_copy(path, length=256)
-            spec = importlib.util.spec_from_file_location(f"gpu_check_{path.stem}", path)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            args = module.parse_args(words[words.index(name) + 1:])  # argparse exits (the test fails) on a bad flag
+            if path not in modules:  # each script loaded once: a load takes a third of a second
+                spec = importlib.util.spec_from_file_location(f"gpu_check_{path.stem}", path)
+                modules[path] = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(modules[path])
+            args = modules[path].parse_args(words[words.index(name) + 1:])  # argparse exits on a bad flag
             checked.add(path.name)
             # A run of several processes (or of two agents) waits at most a minute on a dead peer.
             several = any(w in words for w in ("--nnodes=2", *(f"--nproc_per_node={n}" for n in range(2, 9))))

@@ -95,6 +95,10 @@ MANIFEST = {
              "own code, DDP's forward among it: a compiled wrapper compiles only what DDP calls, "
              "and nothing of a model whose forward is torch.nn's. Inside DDP's forward the "
              "compiled graph is still cut at the gradient buckets."),
+            ("profile", "Where a step's time goes: --profile",
+             "An optional part: torch.profiler over optimizer steps 4-6, each process's trace in "
+             "--out-dir, and a line per process of its step time, its time in collectives and how "
+             "much of that no computation hid."),
             FLAGS,
         ],
         "regions": {
@@ -114,7 +118,9 @@ MANIFEST = {
             "train_one_epoch": [("dist.all_reduce", "ddp"), ("all processes", "ddp")],
             "stop_if_diverged": "diverged",
             "stop_if_not_finite": "diverged",
-            "train": [("setup_distributed", "group"), ("process group", "group"),
+            "start_profiler": "profile",
+            "summarize_trace": "profile",
+            "train": [("start_profiler", "profile"), ("setup_distributed", "group"), ("process group", "group"),
                       ("rank0_first", "rank0"),
                       ("build_loaders(args, train_set, val_set, device, rank", "shard"),
                       ("set_epoch", "shard"), ("DDP(model", "ddp"),
@@ -126,7 +132,7 @@ MANIFEST = {
         },
         "ahead": {"returning_errors": "errors", "stop_if_any_failed": "errors"},
         "removed": {},
-        "flags_added": {"--backend", "--local-rank", "--timeout-min", "--find-unused-parameters"},
+        "flags_added": {"--backend", "--local-rank", "--timeout-min", "--find-unused-parameters", "--profile"},
         "mechanisms": {"setup_distributed", "cleanup_distributed", "rank0_only", "rank0_first", "returning_errors",
                        "stop_if_any_failed"},
         "notes": {"ddp": [
@@ -144,6 +150,16 @@ MANIFEST = {
              "the model copied and the batch scattered every forward, outputs and gradients gathered "
              "back on GPU 0, one phase after another. Right, DDP: a process per GPU, an all-reduce "
              "of gradient buckets overlapping backward."),
+            "**Measured.** The same overlap in one step of `ddp_basic.py --model resnet18 --batch-size 32 "
+            "--profile` on 2 CPU processes over gloo, drawn from the two traces by "
+            "`tools/draw_timeline.py`: each bucket's all-reduce (red) starts while backward (orange) still "
+            "runs; the last one ends just after it, and the process whose backward finished first waits "
+            "there for the other's last bucket. (The default CNN's gradients fit one bucket: nothing "
+            "would overlap.) Your run's picture: `--profile`, then the tool "
+            "([troubleshooting](../troubleshooting.md#a-run-that-scales-badly)).",
+            ("ddp-timeline.png", "Measured: one training step of each of 2 CPU processes (ddp_basic.py, "
+             "resnet18, gloo): batch, forward, backward and optimizer step, and under them the buffers' "
+             "broadcast and each bucket's all-reduce, overlapping backward."),
             "**The learning rate.** The same command on N GPUs averages each step over N times the "
             "samples (the global batch, printed at start), and `--lr` is not scaled for you. Either keep "
             "the global batch (divide `--batch-size` by N) and keep `--lr`: the same training, which "
@@ -154,7 +170,7 @@ MANIFEST = {
             "gives the scripts' schedule, "
             "it held up to a global batch of 8,192 on ImageNet, not beyond).",
         ]},
-        "diff_size": (203, 74),
+        "diff_size": (269, 74),
     },
     "ddp_amp_accum.py": {
         "concepts": [
@@ -279,6 +295,9 @@ MANIFEST = {
             ("buckets", "DDP's bucket settings",
              "Gradients are all-reduced in buckets as backward fills them; the settings change how "
              "they travel, not what is averaged."),
+            ("compression", "Gradients in 16 bits: --grad-compression",
+             "An optional part: torch's communication hook sends each bucket in bf16 or fp16, half "
+             "the bytes, for a network slower than the GPUs; still one all-reduce per step."),
             ("divergence", "A restart after a divergence",
              "diverged.json notes a divergence: torchrun's restart (the same checkpoint, the same "
              "settings) stops at once, and a resume from that checkpoint may change TAMING's "
@@ -303,7 +322,7 @@ MANIFEST = {
             "docstring": "top",
             "imports": [("dataclasses", "state"),
                         ("import re", "checkpoint"), ("shutil", "failures"), ("signal", "preempt"),
-                        ("Dataset", "samples"), ("zipfile", "initfrom")],
+                        ("Dataset", "samples"), ("zipfile", "initfrom"), ("default_hooks", "compression")],
             "RESUME_MAY_CHANGE": "resume",
             "TAMING": "divergence",
             "CHECKPOINT_NAME": "checkpoint",
@@ -315,7 +334,7 @@ MANIFEST = {
             "pretrained_weights": "initfrom",
             "TASK_HOOKS": "checks",
             "check_task": "checks",
-            "parse_args": [("--resume", "resume"), ("--ckpt-epochs", "checkpoint"), ("--keep-last", "checkpoint"),
+            "parse_args": [("--grad-compression", "compression"), ("--resume", "resume"), ("--ckpt-epochs", "checkpoint"), ("--keep-last", "checkpoint"),
                            ("--ckpt-steps", "midepoch"), ("--max-steps", "midepoch"),
                            ("--sync-bn", "syncbn"), ("bucket", "buckets"), ("--init-from", "initfrom"),
                            ("--tf32", "restore"), ("--cudnn-benchmark", "restore"), ("--deterministic", "restore"),
@@ -377,7 +396,9 @@ MANIFEST = {
             "what_is_intact": "failures",
             "log_resume": "resume",
             "log_epoch": [("record[\"epoch\"] == 0", "initfrom"), ("", "reported")],
-            "train": [("sync_bn", "syncbn"), ("bucket", "buckets"), ("init_from", "initfrom"),
+            "compress_gradients": "compression",
+            "sync_batchnorm": "syncbn",
+            "train": [("compress_gradients", "compression"), ("sync_b", "syncbn"), ("bucket", "buckets"), ("init_from", "initfrom"),
                       ("check_model_fits", "checks"), ("PREEMPTION", "preempt"),
                       ("stop_run", "midepoch"), ("set_start", "midepoch"), ("max_steps", "midepoch"),
                       ("del checkpoint", "restore"), ("start_or_resume(", "restore"),
@@ -391,14 +412,14 @@ MANIFEST = {
         "removed": {},
         "flags_added": {"--resume", "--ckpt-steps", "--ckpt-epochs", "--keep-last", "--max-steps",
                         "--sync-bn", "--bucket-cap-mb", "--gradient-as-bucket-view", "--init-from",
-                        "--tf32", "--cudnn-benchmark", "--deterministic"},
+                        "--tf32", "--cudnn-benchmark", "--deterministic", "--grad-compression"},
         "mechanisms": {"ShardSampler", "TrainState", "rng_state", "save_checkpoint", "load_checkpoint",
                        "find_checkpoint", "agreed_checkpoint", "restore", "set_rng_state", "start_or_resume",
                        "ResumableSampler", "stop_run", "Preemption", "EpochKeys", "SeededSamples",
                        "ReadableSamples", "readable_sets", "report_unreadable", "check_task",
                        "check_model_fits", "flight_recorder",
                        "init_weights_from"},
-        "diff_size": (1064, 56),
+        "diff_size": (1083, 56),
     },
     "fsdp.py": {
         "concepts": [
@@ -520,16 +541,18 @@ MANIFEST = {
                       ("build_on_meta", "hostcopy"), ("initial_values", "hostcopy"), ("del values", "hostcopy"),
                       ("", "shard")],
         },
-        "removed": {},
+        "removed": {"compress_gradients": "shard"},
         "flags_added": {"--activation-checkpointing", "--replicas"},
         "flags_removed": {"--bucket-cap-mb": "FSDP gathers and reduce-scatters per unit: no DDP buckets",
                           "--find-unused-parameters": "FSDP2 needs every parameter used in every step",
-                          "--gradient-as-bucket-view": "no DDP buckets to view"},
+                          "--gradient-as-bucket-view": "no DDP buckets to view",
+                          "--grad-compression": "no DDP hooks: FSDP's MixedPrecisionPolicy(reduce_dtype=...) "
+                                                "sets the precision sharded gradients travel in"},
         "mechanisms": {"shard_model", "precision_policies", "spare_batch", "shard_write_error",
                        "recompute_in_backward", "buffers_kept", "device_mesh",
                        "shard_units", "units_of", "initial_values",
                        "own_initialisation"},
-        "diff_size": (558, 142),
+        "diff_size": (558, 161),
     },
 }
 
@@ -607,4 +630,4 @@ BRIEF = {
 # resume which changes one is exact to rounding only; the others change how the run goes on, not its
 # numbers. tests/test_guided_pages.py checks that the two lists make up RESUME_MAY_CHANGE.
 CHANGES_ROUNDING = ("compile", "channels_last", "tf32", "cudnn_benchmark", "backend", "bucket_cap_mb",
-                    "gradient_as_bucket_view")
+                    "gradient_as_bucket_view", "grad_compression")

@@ -382,8 +382,8 @@ PITFALLS = [
                    "in one line on a CPU",
         "fix": [("ddp_full.py", 'raise ConfigError("--sync-bn needs CUDA GPUs: SyncBatchNorm runs on GPUs only")')],
         "guards": ["tests/test_bad_input.py::test_sync_bn_without_cuda_is_one_clear_error"],
-        "mutation": ("ddp_full.py", '        if device.type != "cuda":\n            raise ConfigError("--sync-bn',
-                     '        if False:\n            raise ConfigError("--sync-bn'),
+        "mutation": ("ddp_full.py", '    if args.sync_bn and device.type != "cuda":\n        raise ConfigError("--sync-bn',
+                     '    if False:\n        raise ConfigError("--sync-bn'),
     },
     {
         "title": "A restart that starts over",
@@ -616,8 +616,8 @@ PITFALLS = [
         "fix": [("ddp_full.py", "                unreadable = unreadable or [describe_unreadable")],
         "guards": ["tests/test_unreadable.py::test_an_unreadable_image_is_named_skipped_and_counted_and_ddp_still_equals_one_process"],
         "mutation": ("ddp_full.py",
-                     "            except UNREADABLE as err:\n                # This sample's own file",
-                     "            except ArithmeticError as err:\n                # This sample's own file"),
+                     "            except UNREADABLE as err:\n                # Its own file is reported",
+                     "            except ArithmeticError as err:\n                # Its own file is reported"),
     },
     {
         "title": "An unreadable validation image replaced by another",
