@@ -88,8 +88,8 @@ def main(argv=None):
                              "and are slow (default: 2)")
     parser.add_argument("--sections",
                         default="profile,peers,overhead,scaling,settings,communication,layout,compile,data,"
-                                "seeding,fsdp,curves",
-                        help="which sections to run (default: all twelve)")
+                                "seeding,fsdp,curves,profiling",
+                        help="which sections to run (default: all thirteen)")
     parser.add_argument("--whole-pairs", type=int, default=8,
                         help="interleaved rounds of the whole-run profile and the peer comparison (default: 8)")
     parser.add_argument("--scripts", default=",".join(SCRIPTS), help="scripts for the overhead section (default: all)")
@@ -146,6 +146,8 @@ def main(argv=None):
         lines += fsdp_section(args, 1 if args.quick else args.settings_rounds)
     if "seeding" in sections:
         lines += seeding_section(1 if args.quick else args.settings_rounds, 48 if args.quick else 600, args.quick)
+    if "profiling" in sections:
+        lines += profiling_section(pairs, common)
     curves = {}
     if "curves" in sections:
         lines += curves_section(args, curves, batch, samples)
@@ -155,6 +157,21 @@ def main(argv=None):
     plot(out, scaling, worlds, curves)
     print(f"wrote {out / 'results.md'}")
 
+
+
+def profiling_section(pairs, common):
+    """--profile's cost outside the steps it profiles: ddp_basic.py on 2 processes, its epochs after the
+    first (optimizer steps 4-6, the profiled ones, lie in the first), with and without it, interleaved."""
+    rates = {"off": [], "on": []}
+    for _ in range(pairs):
+        for label, extra in (("off", []), ("on", ["--profile"])):
+            rates[label].append(steady_rate(script("ddp_basic.py", 2, [*common, "--epochs", "3"], extra)))
+    ratios = [on / off for on, off in zip(rates["on"], rates["off"])]
+    print(f"profiling: {statistics.median(ratios):.3f}", flush=True)
+    return ["", "## The cost of --profile after the profiled steps (ddp_basic.py, 2 processes)", "",
+            f"Training samples/s of epochs 2-3 with `--profile` over without (the profiled optimizer steps 4-6 lie "
+            f"in epoch 1), {pairs} interleaved pairs: median {statistics.median(ratios):.3f} "
+            f"({', '.join(f'{r:.3f}' for r in ratios)}). A ratio of 1 within the noise: nothing paid after them."]
 
 
 # --- whole runs: where the time of a run goes, phase by phase -------------------------------------
