@@ -11,6 +11,7 @@ All processes run with OMP_NUM_THREADS=1, as torchrun sets it, so that 1 and N p
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import re
@@ -160,18 +161,22 @@ def main(argv=None):
 
 
 def profiling_section(pairs, common):
-    """--profile's cost outside the steps it profiles: ddp_basic.py on 2 processes, its epochs after the
-    first (optimizer steps 4-6, the profiled ones, lie in the first), with and without it, interleaved."""
+    """--profile's cost outside the steps it profiles: ddp_basic.py on 2 processes, two epochs after
+    those that hold optimizer steps 1-6 (the profiled ones and their warm-up), with and without it."""
+    steps_per_epoch = int(common[common.index("--train-samples") + 1]) // (2 * int(common[common.index("--batch-size") + 1]))
+    skipped = math.ceil(6 / steps_per_epoch)
     rates = {"off": [], "on": []}
-    for _ in range(pairs):
-        for label, extra in (("off", []), ("on", ["--profile"])):
-            rates[label].append(steady_rate(script("ddp_basic.py", 2, [*common, "--epochs", "3"], extra)))
+    for pair in range(pairs):  # A B, then B A: a drift within a pair hits both alike
+        for label, extra in (("off", []), ("on", ["--profile"]))[::1 if pair % 2 == 0 else -1]:
+            records = script("ddp_basic.py", 2, [*common, "--epochs", str(skipped + 2)], extra)
+            rates[label].append(steady_rate(records, warmup_epochs=skipped))
     ratios = [on / off for on, off in zip(rates["on"], rates["off"])]
     print(f"profiling: {statistics.median(ratios):.3f}", flush=True)
     return ["", "## The cost of --profile after the profiled steps (ddp_basic.py, 2 processes)", "",
-            f"Training samples/s of epochs 2-3 with `--profile` over without (the profiled optimizer steps 4-6 lie "
-            f"in epoch 1), {pairs} interleaved pairs: median {statistics.median(ratios):.3f} "
-            f"({', '.join(f'{r:.3f}' for r in ratios)}). A ratio of 1 within the noise: nothing paid after them."]
+            f"Training samples/s of the two epochs after the first {skipped} (which hold the profiled optimizer "
+            f"steps 4-6) with `--profile` over without, {pairs} pairs (A B, B A, ...): median "
+            f"{statistics.median(ratios):.3f} ({', '.join(f'{r:.3f}' for r in ratios)}). A ratio of 1 within "
+            f"the noise: nothing is paid after them."]
 
 
 # --- whole runs: where the time of a run goes, phase by phase -------------------------------------
