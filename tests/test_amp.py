@@ -112,9 +112,9 @@ def test_fp16_grad_scaler_unscales_before_clipping_and_stays_near_float32(runs):
         assert abs(a["val_loss"] - b["val_loss"]) <= AMP_LOSS_ATOL, (a, b)
 
 
-# Tier 2 for steps 5 and 6: their build_scheduler is step 4's, line for line (the diff guard's shared regions).
-@pytest.mark.parametrize("script", ["ddp_amp_accum.py", *(pytest.param(s, marks=pytest.mark.slow)
-                                                       for s in ("ddp_full.py", "fsdp.py"))])
+# Tier 2 (the first tier's six minutes): steps 5 and 6's build_scheduler is step 4's, line for line.
+@pytest.mark.slow
+@pytest.mark.parametrize("script", ["ddp_amp_accum.py", "ddp_full.py", "fsdp.py"])
 def test_an_fp16_step_the_scaler_skips_takes_its_rate_and_warns_nothing(script, tmp_path):
     # fp16's scale starts at 2**16 and GPUs often overflow in the first steps: the scaler skips the
     # update, and the schedule goes on, so that it ends with the run (it would lag a step for each

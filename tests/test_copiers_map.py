@@ -56,7 +56,9 @@ def test_the_hardening_page_shows_every_tagged_line_under_its_parts_in_the_maps_
     assert not missing, sorted(missing)
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
+# The two scripts of most parts, a launch each: tier 2 (the first tier's six minutes).
+@pytest.mark.parametrize("script", [pytest.param(s, marks=pytest.mark.slow) if s in ("ddp_full.py", "fsdp.py") else s
+                                    for s in SCRIPTS])
 def test_each_part_deletes_alone_and_the_rest_reads_nothing_it_defined(script):
     text = ladder.read(script, ROOT)
     defined = lambda source: {node.name for node in ast.parse(source).body

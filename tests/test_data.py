@@ -15,6 +15,7 @@ NUMBER = re.compile(r"\d[\d.]*(?:e[-+]\d+)?")
 QUICKSTART_VAL_ACC_ATOL = 0.005
 
 
+@pytest.mark.slow
 def test_imagefolder_tree_trains_with_one_class_per_folder_and_counts_every_val_image(runs, image_tree):
     # 3 classes x 3 val images = 9, which 2 processes do not divide: all 9 must be counted once.
     out_dir = runs.get("imagefolder_w2", "ddp_full.py", [*IMAGEFOLDER, "--data-dir", str(image_tree)], nproc=2)

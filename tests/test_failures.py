@@ -168,7 +168,8 @@ def test_data_that_one_process_cannot_see_is_a_line_from_that_process(script, im
     assert stopped_together(result, 2), result.stderr
 
 
-@pytest.mark.parametrize("script", ["ddp_full.py", pytest.param("fsdp.py", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("script", ["ddp_full.py", "fsdp.py"])
 def test_a_resume_checkpoint_that_one_process_cannot_see_is_a_line_naming_that_process(script, tmp_path):
     # --resume names a checkpoint on node 0's disk alone. Checked before the process group existed,
     # rank 1's error was its own and unsaid (rank 0 speaks for bad input that all meet); read

@@ -203,6 +203,7 @@ def test_a_run_that_starts_before_its_out_dirs_newest_checkpoint_is_one_clear_er
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", ["ddp_full.py", "fsdp.py"])
 def test_a_task_flag_of_type_path_leaves_checkpoints_a_resume_can_read(script, tmp_path):
     # A user's section may add a flag of type Path; a checkpoint keeps every flag's value, and

@@ -53,6 +53,7 @@ def test_a_resume_on_another_number_of_processes_with_global_batch_size_trains_a
     assert_same_training(reference, tmp_path, atol=WEIGHT_ATOL)
 
 
+@pytest.mark.slow
 def test_without_global_batch_size_a_resume_on_fewer_processes_goes_on_with_a_smaller_global_batch(tmp_path):
     # --accum-steps stays as given: the global batch is the new world's, and the resume line says so.
     args = ["--batch-size", "8", "--accum-steps", "2"]
