@@ -785,8 +785,8 @@ def summarize_trace(path):
     steps = [e for e in events if e["name"].startswith("ProfilerStep#")]
     gpu = any(e.get("cat") == "kernel" for e in events)
 
-    def collective(e):
-        return "nccl" in e["name"].lower() if gpu else e["name"].startswith("gloo:")
+    def collective(e):  # on a GPU nccl's kernels, not the calls that launch them
+        return e.get("cat") == "kernel" and "nccl" in e["name"].lower() if gpu else e["name"].startswith("gloo:")
 
     def spans(keep):  # the union of the kept events' intervals
         merged = []

@@ -5,7 +5,8 @@
     python bench/gpu_check.py --dry-run [--gpus N]            # the plan and its estimates; no GPU
 
 Correctness, in the order of what it proves that nothing else can (its plan at most 240 s):
-  (a) every script's CUDA and nccl paths (on one GPU also two processes sharing it, over gloo);
+  (a) every script's CUDA and nccl paths (on one GPU also two processes sharing it, over gloo), and
+      --profile's traces of CUDA kernels, drawn as the 2 -> 3 page's timeline (logs/ddp-timeline-gpu.png);
   (b) exact resumes: ddp_full.py and fsdp.py stopped by SIGTERM and restarted by torchrun, each
       against its run never stopped, bit for bit, and fsdp.py against ddp_full.py;
   (c) fsdp.py in fp16 with fused AdamW on sharded parameters, activation checkpointing against none;
@@ -63,10 +64,13 @@ CPU_S = {"cold import": 23.0,   # import torch, torchvision, the file cache drop
          "torchrun fsdp": 9.6,  # torchrun fsdp.py, one process
          "two agents": 11.7,    # two torchrun agents of ddp_full.py joined over gloo
          "compare": 0.2,        # two resnet18 model.pt files loaded and compared in this process
-         "validation": 0.8}     # resnet18 scores 500 samples on the CPU in this process
+         "validation": 0.8,     # resnet18 scores 500 samples on the CPU in this process
+         "timeline": 1.0}       # tools/draw_timeline.py on two resnet18 traces of 2.3 MB (CPU: 2 processes)
+TRACE_GROWTH = 3  # a GPU trace: each op's launch and its kernel beside it, about 3x a CPU trace's events
 # GPU-side parts, reasoned, not measured (no GPU has run this check): CUDA's context with cuDNN's
 # and cuBLAS's first loads, nccl's set-up and first collective, and the work itself.
 CUDA_S = 3
+PROFILE_S = 3  # --profile's CUDA activity (CUPTI's start) and its trace written
 COLD_S = 10  # the first launch: cuDNN's libraries and torchvision read from a cold disk
 WORK_S = {"resnet18": 3,        # 16 steps of 128 at 32 px, 500 samples validated, checkpoints
           "transformer": 3,     # 16 steps of 8 sequences of 256 tokens, math attention
@@ -284,12 +288,21 @@ def paths_group(gpus, tmp):
         items.append(Launch("dataparallel", [([sys.executable, "dataparallel.py", *small(1), "--out-dir",
                                                f"{tmp}/dp"], {})], estimate("plain", 1, "resnet18"),
                             f"1 process, {gpus} GPUs", "nn.DataParallel over every visible GPU"))
-    items.append(Launch("amp_fp16_accum_nccl", [(torchrun(gpus, "ddp_amp_accum.py", [
-        *small(gpus), "--backend", "nccl", "--amp", "fp16", "--accum-steps", "2", "--clip-grad-norm", "1",
-        "--optimizer", "adamw", "--timeout-min", str(TIMEOUT_MIN), "--out-dir", f"{tmp}/amp"]), {})],
-        estimate("torchrun", gpus, "resnet18"), w,
-        "DDP over nccl (ddp_basic.py's path and more): set_device, DistributedSampler, fp16 autocast "
-        "with a GradScaler, no_sync accumulation, clipping after unscale_, fused AdamW"))
+    items += [
+        Launch("amp_fp16_accum_nccl", [(torchrun(gpus, "ddp_amp_accum.py", [
+            *small(gpus), "--backend", "nccl", "--amp", "fp16", "--accum-steps", "2", "--clip-grad-norm", "1",
+            "--optimizer", "adamw", "--profile", "--timeout-min", str(TIMEOUT_MIN), "--out-dir", f"{tmp}/amp"]), {})],
+            plus(estimate("torchrun", gpus, "resnet18"), PROFILE_S), w,
+            "DDP over nccl (ddp_basic.py's path and more): set_device, DistributedSampler, fp16 autocast "
+            "with a GradScaler, no_sync accumulation, clipping after unscale_, fused AdamW; --profile with CUDA",
+            expect={"3 steps profiled:": gpus}),
+        Compare("gpu_timeline", ["amp_fp16_accum_nccl"], lambda: gpu_timeline(f"{tmp}/amp", gpus, tmp / "logs"),
+                math.ceil(MARGIN * TRACE_GROWTH * CPU_S["timeline"]), w,
+                "--profile on a GPU: each process's trace holds CUDA kernels (nccl's among them on 2 GPUs or "
+                "more), drawn as the 2 -> 3 page's picture",
+                f"{tmp}/amp/profile_rank*.json drawn by tools/draw_timeline.py into logs/ddp-timeline-gpu.png",
+                CPU_S["timeline"]),
+    ]
     if gpus == 1:
         items += [
             Launch("two_on_one_gpu_full", two_agents("ddp_full.py", [
@@ -461,6 +474,26 @@ def weights_agree(a, b, rtol):
     worst, equal = compare_weights(a, b)
     ok = equal and worst <= rtol
     return ok, f"largest relative difference {worst:.2e}; keys and integer entries {'equal' if equal else 'DIFFER'}"
+
+
+def gpu_timeline(run_dir, gpus, logs):
+    """--profile's traces of a run over nccl: every process's holds CUDA kernels; the first two
+    processes' step drawn into logs/ddp-timeline-gpu.png, their traces copied beside it."""
+    if str(ROOT / "tools") not in sys.path:
+        sys.path.insert(0, str(ROOT / "tools"))
+    import draw_timeline
+    traces = [Path(run_dir) / f"profile_rank{rank}.json" for rank in range(gpus)]
+    counts = []
+    for trace in traces:
+        kernels = [e["name"] for e in json.loads(trace.read_text())["traceEvents"] if e.get("cat") == "kernel"]
+        counts.append((len(kernels), sum("nccl" in name.lower() for name in kernels)))
+    if not all(kernels for kernels, _ in counts):
+        return False, f"a trace without CUDA kernels (kernels, nccl's, per process: {counts})"
+    for trace in traces[:2]:
+        shutil.copy(trace, logs / trace.name)
+    draw_timeline.draw(traces[:2], logs / "ddp-timeline-gpu.png", f"ddp_amp_accum.py --model resnet18 --amp fp16 "
+                       f"--accum-steps 2 --profile, {gpus} GPU{'s' if gpus > 1 else ''} over nccl")
+    return True, f"kernels, nccl's among them, per process: {counts}; drew logs/ddp-timeline-gpu.png"
 
 
 def reference_logits(run_dir, model_name="resnet18", samples=None):
@@ -793,6 +826,7 @@ def main(argv=None):
     try:
         correct, fast, _ = run_plan(plan(gpus, tmp, keys), out, logs, args.limit, gpus,
                                     header=header(gpus, args.limit, command))
+        pack(logs, out)  # with what the checks after the last launch wrote there (the timeline)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # the runs' checkpoints and models: what they showed is in the table
     print((out / "gpu_check.md").read_text())

@@ -3,6 +3,7 @@ total, names only flags the scripts accept, writes a row as each check ends, sto
 leaving the rows before, and without CUDA stops with one line (smoke tests of the benchmarks:
 behaviour only, never an assertion on this machine's speed)."""
 import importlib.util
+import json
 import os
 import re
 import shlex
@@ -69,15 +70,16 @@ def totals(output):
 
 # The plan's order: what only a GPU proves, the most important first; speed last, apart.
 PLAN = {
-    "a": ["single_gpu", "amp_fp16_accum_nccl"],
+    "a": ["single_gpu", "amp_fp16_accum_nccl", "gpu_timeline"],
     "b": ["resumes", "ddp_full_resume_is_bitwise", "fsdp_resume_is_bitwise", "fsdp_trains_what_ddp_trains",
           "ddp_full_validation", "fsdp_validation"],
     "c": ["fsdp_fp16_adamw", "recompute_is_bitwise_fp16", "fsdp_fp16_validation"],
     "d": ["transformer_bf16", "attention_is_bitwise"],
     "e": ["bare", "ddp_full_speed", "fsdp_speed", "fsdp_speed_contiguous"],
 }
-ONE_GPU = {"a": ["single_gpu", "amp_fp16_accum_nccl", "two_on_one_gpu_full", "two_on_one_gpu_validation"]}
-SEVERAL = {"a": ["single_gpu", "dataparallel", "amp_fp16_accum_nccl"]}
+ONE_GPU = {"a": ["single_gpu", "amp_fp16_accum_nccl", "gpu_timeline", "two_on_one_gpu_full",
+               "two_on_one_gpu_validation"]}
+SEVERAL = {"a": ["single_gpu", "dataparallel", "amp_fp16_accum_nccl", "gpu_timeline"]}
 
 
 @pytest.mark.parametrize("gpus", [1, 8])
@@ -220,8 +222,9 @@ def test_the_gpu_checks_compared_runs_are_deterministic_and_bitwise_where_they_s
     gpu = load_gpu_check()
     items = {item.name: item for _, _, group in gpu.plan(1, Path("/tmp/x")) for item in group}
     compares = {name: item for name, item in items.items() if isinstance(item, gpu.Compare)}
-    # Every run a comparison reads runs with deterministic kernels, TF32 and autotuning off.
-    needed = {need for item in compares.values() for need in item.needs}
+    # Every run a comparison reads runs with deterministic kernels, TF32 and autotuning off (the
+    # timeline only draws a trace: it compares no numbers).
+    needed = {need for name, item in compares.items() if name != "gpu_timeline" for need in item.needs}
     assert sorted(name for name in needed if any("--deterministic" not in c for c in items[name].commands)) == []
     assert sorted(name for name, item in compares.items() if item.describe.endswith("bit for bit")) == [
         "attention_is_bitwise", "ddp_full_resume_is_bitwise", "fsdp_resume_is_bitwise", "recompute_is_bitwise_fp16"]
@@ -551,3 +554,26 @@ def test_loader_benchmark_writes_both_ways_of_reading_in_memory_data(tmp_path):
             if line.startswith(("| 32x32 |", "| 224x224 |"))]
     assert [row[0] for row in rows] == ["32x32", "224x224"], rows
     assert all(float(cell) > 0 for row in rows for cell in row[2:]), rows  # measured, whatever they are
+
+
+def test_the_gpu_checks_timeline_needs_cuda_kernels_in_every_trace_and_draws_the_first_two(tmp_path):
+    # A stand-in for --profile's traces on 3 GPUs: ProfilerSteps on the CPU, kernels on a stream.
+    gpu = load_gpu_check()
+    run, logs = tmp_path / "run", tmp_path / "logs"
+    run.mkdir(), logs.mkdir()
+
+    def trace(rank, kernels):
+        events = [{"ph": "X", "name": f"ProfilerStep#{n}", "cat": "user_annotation", "tid": 1, "ts": 1e4 * n,
+                   "dur": 1e4} for n in (3, 4, 5)]
+        events += [{"ph": "X", "name": name, "cat": "kernel", "tid": 7, "ts": 3.1e4, "dur": 2e3} for name in kernels]
+        (run / f"profile_rank{rank}.json").write_text(json.dumps({"traceEvents": events}))
+
+    for rank in range(3):
+        trace(rank, ["sm90_xmma_gemm", "ncclDevKernel_AllReduce_Sum_f32_RING_LL"])
+    ok, text = gpu.gpu_timeline(run, 3, logs)
+    assert ok and "[(2, 1), (2, 1), (2, 1)]" in text, text
+    assert sorted(p.name for p in logs.iterdir()) == ["ddp-timeline-gpu.png", "profile_rank0.json",
+                                                      "profile_rank1.json"]
+    trace(2, [])  # CUDA's activity not recorded in one process: no kernels
+    ok, text = gpu.gpu_timeline(run, 3, logs)
+    assert not ok and "without CUDA kernels" in text, text

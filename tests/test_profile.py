@@ -117,6 +117,8 @@ def test_on_a_gpu_the_line_counts_nccl_kernels_time_no_other_kernel_overlapped(s
              event("sm90_xmma_gemm", 5, 8, tid=7, cat="kernel"),
              event("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 7, 12, tid=8, cat="kernel"),  # 1 hidden
              event("aten::add", 8, 12),  # the CPU's work hides nothing of the GPU's
+             event("nccl:all_reduce", 6, 14),  # the CPU's call that launches the kernel: not the collective
+             event("nccl:all_reduce", 7, 13, tid=8, cat="gpu_user_annotation"),  # its mark on the stream: neither
              event("gloo:all_reduce", 0, 30, tid=2, cat="user_annotation")]  # a CPU group's: not the GPU's
     (tmp_path / "trace.json").write_text(json.dumps({"traceEvents": trace}))
     assert load_script(script).summarize_trace(tmp_path / "trace.json") == \
