@@ -155,7 +155,8 @@ MANIFEST = {
             "`tools/draw_timeline.py`: each bucket's all-reduce (red) starts while backward (orange) still "
             "runs; the last one ends just after it, and the process whose backward finished first waits "
             "there for the other's last bucket. (The default CNN's gradients fit one bucket: nothing "
-            "would overlap.) Your run's picture: `--profile`, then the tool "
+            "would overlap.) A GPU's: the [GPU check](../benchmarks.md#the-gpu-check) draws one from nccl's "
+            "kernels (no GPU has run it yet). Your run's picture: `--profile`, then the tool "
             "([troubleshooting](../troubleshooting.md#a-run-that-scales-badly)).",
             ("ddp-timeline.png", "Measured: one training step of each of 2 CPU processes (ddp_basic.py, "
              "resnet18, gloo): batch, forward, backward and optimizer step, and under them the buffers' "
