@@ -103,6 +103,12 @@ def test_readme_front_page_is_at_most_8000_characters():
     assert size <= 8_000, f"README.md has {size} characters"
 
 
+def test_troubleshooting_is_at_most_26000_characters():
+    # One page an engineer whose first multi-node job misbehaves reads through: a topic more
+    # displaces words, it does not add pages.
+    assert len((ROOT / "docs" / "troubleshooting.md").read_text()) <= 26_000
+
+
 def test_readme_opens_on_the_move_from_one_gpu_to_many():
     # In its first 2,000 characters (the issue's): the three launch commands, the per-process batch
     # and the learning rate, where to start reading, and where to look when several nodes fail.
