@@ -119,6 +119,16 @@ def test_readme_opens_on_the_move_from_one_gpu_to_many():
         assert needed in opening, needed
 
 
+def test_readme_says_on_its_first_screen_that_no_gpu_has_run_it_and_the_quickstart_follows():
+    # Before the Quickstart, within the first 3,000 characters: the fact a GPU user must know first
+    # and the one command that checks a GPU.
+    text = (ROOT / "README.md").read_text()
+    quickstart = text.index("## Quickstart")
+    assert quickstart <= 3000, quickstart
+    for needed in ("No GPU has run the ladder yet", "python bench/gpu_check.py runs/gpu_check"):
+        assert needed in text[:quickstart], needed
+
+
 def test_every_relative_link_resolves():
     broken = {page.relative_to(ROOT).as_posix(): broken_links(page) for page in pages()}
     broken = {page: links for page, links in broken.items() if links}
