@@ -632,3 +632,79 @@ BRIEF = {
 # numbers. tests/test_guided_pages.py checks that the two lists make up RESUME_MAY_CHANGE.
 CHANGES_ROUNDING = ("compile", "channels_last", "tf32", "cudnn_benchmark", "backend", "bucket_cap_mb",
                     "gradient_as_bucket_view", "grad_compression")
+
+# The hardening pages (docs/hardening/): for each optional part, the situation that needs it, which
+# opens its section ("You need it ..."), before what deleting it gives up (the script's map).
+NEEDED_WHEN = {
+    "help formatter": "when others run your trainer and read `--help` for the defaults",
+    "value checks": "when others run your trainer: a mistyped flag stops in one line before any work, not "
+                    "midway or never",
+    "cifar10": "to train on CIFAR-10 (`--data cifar10 --download`) rather than your own data",
+    "constant lr": "to keep `--lr` throughout, with no warm-up or decay (a fine-tune's usual schedule)",
+    "atomic writes": "on any run whose files you keep: a job killed while writing must not leave half a "
+                     "checkpoint or `model.pt` in place of the last good one",
+    "unused params": "when some steps leave parameters out of the loss (a branch some batches skip, a head "
+                     "trained every other step): DDP then stops at the second step",
+    "legacy launcher": "when your launch scripts still use `python -m torch.distributed.launch`",
+    "error exchange": "on several nodes, or whenever an error may meet one process alone: the others would "
+                      "wait in a barrier until `--timeout-min` and print nothing",
+    "profile": "when several GPUs train barely faster than one: it shows where a step's time goes",
+    "global batch": "to resume on another number of GPUs (a lost node, another queue) as the same training, "
+                    "or to compare runs on different numbers of GPUs",
+    "init-from": "to fine-tune: start from a `model.pt`, a state dict or torchvision's pretrained weights",
+    "sync-bn": "with BatchNorm and few samples per GPU (detection, segmentation, large images)",
+    "buckets": "to tune DDP's overlap of all-reduce with backward on a slow network or a large model",
+    "grad compression": "on a slow network between nodes (Ethernet): half the bytes of each all-reduce",
+    "model check": "when you change `--model` or the image size: a model that cannot take the data stops in "
+                   "one line at start, not with a traceback midway",
+    "section check": "when you edit the section \"your data and model\": a name it lacks is one line at "
+                     "start, not a `NameError` in every process",
+    "full disk": "on shared or quota-limited disks: a failed write ends in one line and exit 74, the last "
+                 "good checkpoint kept",
+    "unreadable files": "on image folders that may hold a broken or half-copied file",
+    "seeded samples": "for random augmentation in data-loader workers: the same augmentation on any number "
+                      "of processes or workers, and a resume that repeats it",
+    "mid-epoch": "when an epoch is long: checkpoints every `--ckpt-steps`, and a stop and resume within an "
+                 "epoch",
+    "preemption": "on a preemptible or time-limited queue (SLURM's `--signal`, spot instances): SIGTERM "
+                  "saves a checkpoint and exits 75 for a requeue",
+    "deterministic": "for runs that repeat bit for bit on GPUs (debugging, comparing changes), at some speed",
+    "flight recorder": "to debug a hang on GPUs: the last collectives of each process, written on a timeout",
+    "process failures": "when one process can fail alone (its own disk, its own copy of a file) under "
+                        "`torchrun --max-restarts`",
+    "primed buckets": "to resume bitwise on 3 or more GPUs",
+    "divergence note": "under `torchrun --max-restarts`: a run that diverged is not restarted into the same "
+                       "divergence",
+    "recompute": "when activations, not parameters, fill the GPU: one more forward for less memory",
+    "hybrid": "with FSDP on several nodes: shards within a node, replicas across, gathers kept off the "
+              "slower network",
+    "torch check": "where torch may be older than 2.6 (before the public `fully_shard`)",
+    "shard check": "where a checkpoint's shard may be missing or cut short (a node's disk, a copy in "
+                   "progress)",
+    "unit check": "when your section names its own FSDP units (`shard_units`)",
+}
+
+# docs/hardening/README.md opens on this table: a situation, the script to start from and the parts
+# to keep (`tools/strip_optional.py SCRIPT --keep NAME ...`); the rest of the parts go.
+KEEP_FOR = [
+    ("run on a preemptible or time-limited queue (SLURM, spot instances)", "ddp_full.py",
+     ["preemption", "mid-epoch", "atomic writes", "full disk"]),
+    ("restart failed jobs with `torchrun --max-restarts`", "ddp_full.py",
+     ["atomic writes", "divergence note", "process failures", "error exchange"]),
+    ("resume bitwise on 3 or more GPUs", "ddp_full.py", ["primed buckets"]),
+    ("resume on another number of GPUs as the same training", "ddp_full.py", ["global batch"]),
+    ("augment at random in data-loader workers", "ddp_full.py", ["seeded samples"]),
+    ("fine-tune from a `model.pt` or pretrained weights", "ddp_full.py", ["init-from", "constant lr"]),
+    ("train on image folders that may hold broken files", "ddp_full.py", ["unreadable files"]),
+    ("use BatchNorm with few samples per GPU", "ddp_full.py", ["sync-bn"]),
+    ("train over a slow network between nodes", "ddp_full.py", ["grad compression", "buckets", "profile"]),
+    ("see where a step's time goes", "ddp_basic.py", ["profile"]),
+    ("need runs that repeat bit for bit on GPUs", "ddp_full.py", ["deterministic"]),
+    ("debug hangs on GPUs", "ddp_full.py", ["flight recorder"]),
+    ("train a model whose steps leave parameters out", "ddp_amp_accum.py", ["unused params"]),
+    ("hand the trainer to others", "ddp_full.py",
+     ["help formatter", "value checks", "model check", "section check", "error exchange"]),
+    ("run a model too large for one GPU's memory, activations included", "fsdp.py", ["recompute"]),
+    ("shard a model over several nodes", "fsdp.py", ["hybrid", "error exchange"]),
+    ("name your own FSDP units", "fsdp.py", ["unit check"]),
+]

@@ -9,7 +9,7 @@
     docs/pitfalls.md                           the pitfall guide, each fix linked to its current line
     lean/<script>                              each script with its optional parts deleted
                                                (tools/strip_optional.py)
-    docs/hardening/<script stem>.md            each script's optional parts, one section per part in
+    docs/hardening/<script stem>[-N].md        each script's optional parts, one section per part in
                                                its map's order: what deleting it gives up, then its lines
     docs/hardening/README.md                   the index of those pages
 
@@ -32,7 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ladder  # noqa: E402
-from ladder_manifest import BRIEF, CHANGES_ROUNDING, FRAME, MANIFEST, SHOWN_AT_END, SHOWN_AT_TOP  # noqa: E402
+from ladder_manifest import (BRIEF, CHANGES_ROUNDING, FRAME, KEEP_FOR, MANIFEST, NEEDED_WHEN,  # noqa: E402
+                             SHOWN_AT_END, SHOWN_AT_TOP)
 from pitfalls import PITFALLS  # noqa: E402
 from strip_optional import MAP, strip, tagged_lines  # noqa: E402
 
@@ -763,21 +764,18 @@ def blocks(numbers):
     return [tuple(run) for run in runs]
 
 
-def hardening_page(script, root):
-    """docs/hardening/<stem>.md: the script's optional parts, each with its why and its lines."""
+PAGE_LIMIT = 30_000  # characters of a hardening page: past it, the parts go on to the next page
+
+
+def hardening_sections(script, root):
+    """[(NAME, its section's Markdown lines)] of the script's optional parts, in its map's order:
+    the situation that needs the part, what deleting it gives up, then the lines it is made of."""
     text = ladder.read(script, root)
     lines, tree = text.splitlines(), ast.parse(text)
     docstring_end = tree.body[0].end_lineno
-    out = [f"# `{script}`: its hardening, part by part", "",
-           f"Each part that [`{script}`](../../{script}) tags `# [optional: NAME]`, in the order of its "
-           f"copier's map: what deleting it gives up, then the lines it is made of, each run linked to where "
-           f"it stands. The lesson without them is [`lean/{script}`](../../lean/{script}), which the guided "
-           f"pages teach; `python tools/strip_optional.py {script} --keep NAME ...` keeps the parts you "
-           f"name.", ""]
-    out += [f"{number}. [{name}](#{github_slug(name)})" for number, (name, _) in enumerate(copiers_map(text), 1)]
-    out.append("")
+    sections = []
     for name, gives_up in copiers_map(text):
-        out += [f"## {name}", "", f"Without it: {gives_up}.", ""]
+        out = [f"## {name}", "", f"**You need it** {NEEDED_WHEN[name]}. Deleting it gives up: {gives_up}.", ""]
         for first, last in blocks(tagged_lines(text, {name})):
             shown = lines[first - 1:last]
             while shown and not shown[-1].strip():
@@ -793,13 +791,59 @@ def hardening_page(script, root):
             out += [f"[{span}](../../{script}#{anchor}), {where}:", "", "```python"]
             indent = min(len(line) - len(line.lstrip()) for line in shown if line.strip())
             out += [line[indent:] for line in shown] + ["```", ""]
-    return "\n".join(out)
+        sections.append((name, out))
+    return sections
+
+
+def hardening_pages(script, root):
+    """{docs/hardening/<stem>.md: text, and <stem>-2.md ... where the parts pass PAGE_LIMIT}: the
+    first page opens on every part's situation, each linked to its section wherever it stands."""
+    stem, sections = script.removesuffix(".py"), hardening_sections(script, root)
+    pages, size = [[]], 0
+    for name, out in sections:  # consecutive parts, a page each while they fit (the first holds the index)
+        length = len("\n".join(out)) + 1
+        if pages[-1] and size + length > PAGE_LIMIT - (6_000 if len(pages) == 1 else 1_000):
+            pages.append([])
+            size = 0
+        pages[-1].append((name, out))
+        size += length
+    names = [f"{stem}.md" if number == 0 else f"{stem}-{number + 1}.md" for number in range(len(pages))]
+    where = {name: names[number] for number, page in enumerate(pages) for name, _ in page}
+    head = [f"# `{script}`: its hardening, part by part", "",
+            f"Each part that [`{script}`](../../{script}) tags `# [optional: NAME]`, in the order of its copier's "
+            f"map: when you need it, what deleting it gives up, then the lines it is made of, each run linked to "
+            f"where it stands. The lesson without them is [`lean/{script}`](../../lean/{script}), which the "
+            f"guided pages teach; `python tools/strip_optional.py {script} --keep NAME ...` keeps the parts you "
+            f"name ([which to keep](README.md)).", ""]
+    head += [f"{number}. [{name}]({'' if where[name] == names[0] else where[name]}#{github_slug(name)}): "
+             f"{NEEDED_WHEN[name]}" for number, (name, _) in enumerate(sections, 1)]
+    files = {}
+    for number, page in enumerate(pages):
+        out = head + [""] if number == 0 else [
+            f"# `{script}`: its hardening, page {number + 1} of {len(pages)}", "",
+            f"The parts of [`{script}`](../../{script}) from {page[0][0]} to {page[-1][0]}; every part and when "
+            f"you need it: [the first page]({names[0]}).", ""]
+        files[f"docs/hardening/{names[number]}"] = "\n".join(out + [line for _, lines in page for line in lines])
+    return files
+
+
+def hardening_page(script, root):
+    """The script's hardening pages as one text (what they show, for the tests)."""
+    return "\n".join(hardening_pages(script, root).values())
 
 
 def hardening_index(root):
     out = ["# The hardening pages", "",
            "What each script adds to its lesson (its copy in `lean/`) for bad input, failures and odd "
-           "environments, one page per script, one section per `# [optional: NAME]` part:", ""]
+           "environments: `# [optional: NAME]` parts, which a lean copy leaves out. Start from a lean copy, "
+           "or from the whole script less the parts your runs do not need:", "",
+           "| if you … | start from | and keep |", "| --- | --- | --- |"]
+    for situation, script, keep in KEEP_FOR:
+        names = " ".join(f'"{name}"' if " " in name else name for name in keep)
+        out.append(f"| {situation} | [`{script}`]({script.removesuffix('.py')}.md) | "
+                   f"`python tools/strip_optional.py {script} --keep {names} > my_trainer.py` |")
+    out += ["", "Combine rows by naming every part they keep. Each page, part by part, with the situation that "
+            "needs it:", ""]
     for script in ladder.LADDER:
         names = ", ".join(name for name, _ in copiers_map(ladder.read(script, root)))
         out.append(f"- [`{script}`]({script.removesuffix('.py')}.md): {names}")
@@ -830,7 +874,7 @@ def generated(root=ladder.ROOT):
     files["docs/pitfalls.md"] = pitfalls_page(root)
     for script in ladder.LADDER:
         files[f"lean/{script}"] = strip(ladder.read(script, root))
-        files[f"docs/hardening/{script.removesuffix('.py')}.md"] = hardening_page(script, root)
+        files.update(hardening_pages(script, root))
     files["docs/hardening/README.md"] = hardening_index(root)
     return files
 
