@@ -61,25 +61,26 @@ def test_the_hardening_page_shows_every_tagged_line_under_its_parts_in_the_maps_
                                     for s in SCRIPTS])
 def test_each_part_deletes_alone_and_the_rest_reads_nothing_it_defined(script):
     text = ladder.read(script, ROOT)
-    defined = lambda source: {node.name for node in ast.parse(source).body
-                              if isinstance(node, (ast.FunctionDef, ast.ClassDef))} | \
-        {target.id for node in ast.parse(source).body if isinstance(node, ast.Assign)
+    defined = lambda tree: {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))} | \
+        {target.id for node in tree.body if isinstance(node, ast.Assign)
          for target in node.targets if isinstance(target, ast.Name)}
-    used = lambda source: {node.id for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Name)}
+    used = lambda tree: {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+    flags, names = set(ladder.flags(text)), defined(ast.parse(text))  # the whole script's, once
     for part in [*strip_optional.tags(text), None]:  # each part alone, then all of them
         stripped = strip_optional.strip(text, None if part is None else {part})
+        tree = ast.parse(stripped)
         # A flag that went must not be read (args.<its name> would raise at start-up), nor a
         # function or class that went be called.
-        for flag in set(ladder.flags(text)) - set(ladder.flags(stripped)):
+        for flag in flags - set(ladder.flags(stripped)):
             name = flag.lstrip("-").replace("-", "_")
             assert f"args.{name}" not in stripped, f"{part or 'all parts'}: {flag} deleted, still read"
-        gone = (defined(text) - defined(stripped)) & used(stripped)
+        gone = (names - defined(tree)) & used(tree)
         assert not gone, f"{part or 'all parts'}: {sorted(gone)} deleted, still used"
         # The section check looks its names up by string: one that went would stop every run.
-        hooks = {key.value for node in ast.parse(stripped).body if isinstance(node, ast.Assign)
+        hooks = {key.value for node in tree.body if isinstance(node, ast.Assign)
                  and [target.id for target in node.targets] == ["TASK_HOOKS"] for key in node.value.keys}
-        assert hooks <= defined(stripped), f"{part or 'all parts'}: {sorted(hooks - defined(stripped))} " \
-                                           "deleted, still required by the section check"
+        assert hooks <= defined(tree), f"{part or 'all parts'}: {sorted(hooks - defined(tree))} " \
+                                       "deleted, still required by the section check"
 
 
 REFERENCES = {"ddp_full.py": "full_w2", "fsdp.py": "fsdp_w2_b8"}  # runs other tests share
