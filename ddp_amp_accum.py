@@ -786,7 +786,7 @@ def summarize_trace(path):
     gpu = any(e.get("cat") == "kernel" for e in events)
 
     def collective(e):  # on a GPU nccl's kernels, not the calls that launch them
-        return e.get("cat") == "kernel" and "nccl" in e["name"].lower() if gpu else e["name"].startswith("gloo:")
+        return e.get("cat") == "kernel" and "nccl" in e["name"] if gpu else e["name"][:5] == "gloo:"
 
     def spans(keep):  # the union of the kept events' intervals
         merged = []
