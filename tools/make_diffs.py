@@ -842,8 +842,8 @@ def hardening_index(root):
         names = " ".join(f'"{name}"' if " " in name else name for name in keep)
         out.append(f"| {situation} | [`{script}`]({script.removesuffix('.py')}.md) | "
                    f"`python tools/strip_optional.py {script} --keep {names} > my_trainer.py` |")
-    out += ["", "Combine rows by naming every part they keep. Each page, part by part, with the situation that "
-            "needs it:", ""]
+    out += ["", "Combine rows by naming every part they keep; a part that \"goes with\" another (its section "
+            "says so) needs that one kept too. Each page, part by part, with the situation that needs it:", ""]
     for script in ladder.LADDER:
         names = ", ".join(name for name, _ in copiers_map(ladder.read(script, root)))
         out.append(f"- [`{script}`]({script.removesuffix('.py')}.md): {names}")
