@@ -650,9 +650,11 @@ NEEDED_WHEN = {
                       "wait in a barrier until `--timeout-min` and print nothing",
     "profile": "when several GPUs train barely faster than one: it shows where a step's time goes",
     "global batch": "to resume on another number of GPUs (a lost node, another queue) as the same training, "
-                    "or to compare runs on different numbers of GPUs",
+                    "or to compare runs on different numbers of GPUs: without it fewer GPUs average fewer "
+                    "samples a step at the same `--lr`, another training",
     "init-from": "to fine-tune: start from a `model.pt`, a state dict or torchvision's pretrained weights",
-    "sync-bn": "with BatchNorm and few samples per GPU (detection, segmentation, large images)",
+    "sync-bn": "with BatchNorm and few samples per GPU (detection, segmentation, large images): without it "
+               "each GPU normalises by the statistics of its own few samples",
     "buckets": "to tune DDP's overlap of all-reduce with backward on a slow network or a large model",
     "grad compression": "on a slow network between nodes (Ethernet): half the bytes of each all-reduce",
     "model check": "when you change `--model` or the image size: a model that cannot take the data stops in "
@@ -664,15 +666,18 @@ NEEDED_WHEN = {
     "unreadable files": "on image folders that may hold a broken or half-copied file",
     "seeded samples": "for random augmentation in data-loader workers: the same augmentation on any number "
                       "of processes or workers, and a resume that repeats it",
-    "mid-epoch": "when an epoch is long: checkpoints every `--ckpt-steps`, and a stop and resume within an "
-                 "epoch",
-    "preemption": "on a preemptible or time-limited queue (SLURM's `--signal`, spot instances): SIGTERM "
-                  "saves a checkpoint and exits 75 for a requeue",
-    "deterministic": "for runs that repeat bit for bit on GPUs (debugging, comparing changes), at some speed",
+    "mid-epoch": "when an epoch is long, and for preemption: without it a stopped run goes back to its last "
+                 "epoch's end and trains that part of the epoch again",
+    "preemption": "on a preemptible or time-limited queue (SLURM's `--signal`, spot instances): without it "
+                  "SIGTERM kills the run, losing what it trained since its last checkpoint, and no exit "
+                  "status 75 asks for a requeue",
+    "deterministic": "for runs and resumes that repeat bit for bit on GPUs (debugging, comparing changes): "
+                     "without it cuDNN's autotuning and atomic adds round differently from run to run",
     "flight recorder": "to debug a hang on GPUs: the last collectives of each process, written on a timeout",
     "process failures": "when one process can fail alone (its own disk, its own copy of a file) under "
                         "`torchrun --max-restarts`",
-    "primed buckets": "to resume bitwise on 3 or more GPUs",
+    "primed buckets": "to resume bitwise on 3 or more GPUs: without it the resume's first step sums the "
+                      "gradients in other buckets, and the run drifts from the one never stopped by rounding",
     "divergence note": "under `torchrun --max-restarts`: a run that diverged is not restarted into the same "
                        "divergence",
     "recompute": "when activations, not parameters, fill the GPU: one more forward for less memory",
