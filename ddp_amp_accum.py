@@ -761,11 +761,11 @@ def start_profiler(args, optimizer, device, rank):
                 torch.cuda.synchronize(device)  # a step's time includes its GPU work
             profiler.step()
 
-    def trace_ready(_):  # every process's line, after the profiled steps
+    def trace_ready(_):  # every process's line in one write (no two interleave), after the steps
         if profiler.step_num < 6:  # stopped at the exit below
-            return print(f"rank {rank}: nothing profiled: the run ended before step 6", flush=True)
+            return print(f"rank {rank}: nothing profiled, the run ended before step 6\n", end="")
         profiler.export_chrome_trace(str(path))
-        print(f"rank {rank}: {summarize_trace(path)} | {path}", flush=True)
+        print(f"rank {rank}: {summarize_trace(path)} | {path}\n", end="", flush=True)
 
     profiler = torch.profiler.profile(
         activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA][
