@@ -147,19 +147,19 @@ def test_a_resumed_cosine_run_refuses_another_number_of_epochs(runs, tmp_path):
 # --- starting from weights ----------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_ddp_full_starts_from_single_gpu_weights_and_first_scores_them_as_single_gpu_did(runs, tmp_path):
+def test_ddp_full_starts_from_single_gpu_weights_and_first_scores_them_as_single_gpu_did(runs):
     single = runs.get("single16", "single_gpu.py", ["--batch-size", "16"])
-    result = run_ok("ddp_full.py", tmp_path, ["--batch-size", "8", "--init-from", str(single / "model.pt")],
-                    nproc=2)
-    assert f"weights from {single / 'model.pt'}" in result.stdout
-    start, last_single = metrics(tmp_path)[0], metrics(single)[-1]
+    # The run test_a_resume_wins_over_init_from resumes, which checks that it says where it started.
+    started = runs.get("full_w2_init", "ddp_full.py", ["--batch-size", "8", "--init-from", str(single / "model.pt")],
+                       nproc=2)
+    start, last_single = metrics(started)[0], metrics(single)[-1]
     assert start["epoch"] == 0 and start["val_samples"] == last_single["val_samples"]
     # The same weights on the same samples: the counts equal (but for a tie to rounding, test_validation.py),
     # the loss up to summation order.
     assert_counts_correct(start["val_acc"], *reference_logits("ddp_full.py", single / "model.pt"))
     assert_counts_correct(last_single["val_acc"], *reference_logits("ddp_full.py", single / "model.pt"))
     assert start["val_loss"] == pytest.approx(last_single["val_loss"], rel=1e-6)
-    assert len(metrics(tmp_path)) == 3
+    assert len(metrics(started)) == 3
 
 
 @pytest.mark.slow
@@ -169,7 +169,8 @@ def test_a_resume_wins_over_init_from(script, name, runs, tmp_path):
     single = runs.get("single16", "single_gpu.py", ["--batch-size", "16"])
     args = ["--batch-size", "8", "--init-from", str(single / "model.pt")]
     reference = runs.get(name, script, args, nproc=2)
-    check(launch(script, [*TINY, *args, "--max-steps", "7", "--out-dir", str(tmp_path)], nproc=2))
+    first = check(launch(script, [*TINY, *args, "--max-steps", "7", "--out-dir", str(tmp_path)], nproc=2))
+    assert f"weights from {single / 'model.pt'}" in first.stdout
     resumed = check(launch(script, [*TINY, *args, "--out-dir", str(tmp_path)], nproc=2))
     assert "resumed from" in resumed.stdout and "step_000000007" in resumed.stdout, resumed.stdout
     assert "weights from" not in resumed.stdout

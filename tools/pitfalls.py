@@ -458,7 +458,8 @@ PITFALLS = [
                    "trains differently, and a model without buffers (the demo CNN) cannot show it",
         "correct": "save rank 0's whole `state_dict()` (parameters and buffers) and load it strictly",
         "fix": [("ddp_full.py", '        model.load_state_dict(checkpoint["model"])')],
-        "guards": ["tests/test_resume.py::test_resume_of_a_batchnorm_model_is_bitwise_equal_to_an_uninterrupted_run"],
+        "guards": ["tests/test_cluster.py::test_sigterm_stops_after_the_optimizer_step_and_a_batchnorm_model_resumes_bitwise"
+                   "[ddp_full.py-0]"],
         "mutation": ("ddp_full.py", '        model.load_state_dict(checkpoint["model"])',
                      '        model.load_state_dict({name: checkpoint["model"][name] for name, _ in '
                      'model.named_parameters()}, strict=False)'),
@@ -585,7 +586,8 @@ PITFALLS = [
                    "and the world size",
         "correct": "seed each sample's draws from (seed, epoch, index): SeededSamples, keyed by EpochKeys",
         "fix": [("ddp_full.py", "seed = ((self.seed * 1_000_003 + epoch) * 1_000_000_007 + index) % 2**63")],
-        "guards": ["tests/test_augmentation.py::test_resume_with_augmenting_workers_is_bitwise_mid_epoch_and_at_an_epoch_boundary"],
+        "guards": ["tests/test_augmentation.py::test_resume_of_resnet18_with_augmenting_workers_is_bitwise_mid_epoch_and"
+                   "_at_an_epoch_boundary"],
         "mutation": ("ddp_full.py", "        epoch, index = key\n",
                      "        epoch, index = key\n        return self.dataset[index], []\n"),
     },
@@ -872,7 +874,7 @@ PITFALLS = [
         "correct": "the recomputation runs in a context (`context_fn`) that gives the block's buffers their "
                    "values from before it back",
         "fix": [("fsdp.py", "context_fn=lambda: (contextlib.nullcontext(), buffers_kept(block))")],
-        "guards": ["tests/test_fsdp.py::test_fsdp_activation_checkpointing_trains_bitwise_the_same_model[resnet18]"],
+        "guards": ["tests/test_fsdp.py::test_fsdp_activation_checkpointing_trains_bitwise_the_same_model[resnet18-bf16]"],
         "mutation": ("fsdp.py", "buffers_kept(block))", "contextlib.nullcontext())"),
     },
     {
@@ -933,7 +935,8 @@ PITFALLS = [
                    "against 11.957)",
         "correct": "broadcast rank 0's buffers (the statistics validated and saved) before the sharded save",
         "fix": [("fsdp.py", "    # rank 0's (those validated) go to every process first.")],
-        "guards": ["tests/test_fsdp.py::test_fsdp_resume_of_resnet18_is_bitwise_its_batchnorm_statistics_rank_0s"],
+        "guards": ["tests/test_cluster.py::test_sigterm_stops_after_the_optimizer_step_and_a_batchnorm_model_resumes_bitwise"
+                   "[fsdp.py-0]"],
         "mutation": ("fsdp.py", "    broadcast_buffers(model)\n"
                                 "    model_state, optimizer_state = get_state_dict(model, optimizer)\n",
                      "    model_state, optimizer_state = get_state_dict(model, optimizer)\n"),
@@ -1095,7 +1098,8 @@ PITFALLS = [
         "correct": "a resume on 3 or more processes takes one throwaway step first, undone by the restore, so "
                    "every real step all-reduces in the buckets the run had",
         "fix": [("ddp_full.py", "if dist.get_world_size() > 2:  # DDP re-buckets after a first step")],
-        "guards": ["tests/test_resume.py::test_resume_on_three_processes_is_bitwise_equal_to_an_uninterrupted_run"],
+        "guards": ["tests/test_augmentation.py::"
+                   "test_resume_of_resnet18_on_three_processes_with_augmenting_workers_is_bitwise"],
         "mutation": ("ddp_full.py", "if dist.get_world_size() > 2:  # DDP re-buckets after a first step",
                      "if False:  # DDP re-buckets after a first step"),
     },
