@@ -67,7 +67,7 @@ def train(args):
         raise ConfigError(f"--accum-steps must be at least 1, got {args.accum_steps}")
     # Rank 0 writes the results: a folder it cannot make stops the run now, not after training.
     rank0_only(rank, prepare_out_dir, args)
-    set_seed(args.seed)  # first: a random split of the data is the same in every run and process
+    set_seed(args.seed)  # first: a random split the data section draws is the same in every run
     train_set, val_set, num_outputs = rank0_first(rank, build_datasets, args)
     train_loader, val_loader = build_loaders(args, train_set, val_set, device, rank, world_size)
     set_seed(args.seed)  # again: the weights start from the seed alone, whatever the data drew
@@ -451,8 +451,8 @@ def rank0_only(rank, function, *args):
 
 
 def rank0_first(rank, function, *args, turns=None):
-    """Call function on rank 0 (a download, say), then on each other node's first process, then on
-    the rest, a barrier after each turn: no two write one file at once."""
+    """Call function on rank 0 (a section's download, say), then on each other node's first
+    process, then on the rest, a barrier after each turn: no two write one file at once."""
     first_of_node = int(os.environ.get("LOCAL_RANK", 0)) == 0
     function = returning_errors(function)  # [optional: error exchange]
     result = None

@@ -20,13 +20,12 @@ all-reduces them once, not K times.
 
 Every process scores a shard of the validation set with rank 0's model, and one all-reduce of
 sums gives the whole set's exact metrics. Rank 0 writes checkpoints; the same command resumes
-from the newest readable one (--resume auto) and ends bitwise identical to a run never stopped
-on 1 or 2 processes, where loader workers draw no random augmentation and GPU kernels are
-deterministic. Any number of processes can resume it, at the same sample and schedule point.
+from the newest readable one (--resume auto) on any number of processes, at the same sample and
+schedule point; bitwise as if never stopped on 1 or 2 CPU processes without augmenting workers.
 # [optional: primed buckets]
 On 3 or more processes too: a throwaway step first has DDP sum in the buckets the run had.
 # [optional: seeded samples]
-Where they do too: augmentation is seeded per sample, the same in any worker, after any resume.
+With augmenting workers too: augmentation is seeded per sample, the same in any worker.
 # [optional: preemption, mid-epoch]
 SIGTERM (preemption) stops every process at the same batch, checkpoints and exits 75: requeue me.
 
@@ -137,7 +136,7 @@ def train(args):
         raise ConfigError(f"--accum-steps must be at least 1, got {args.accum_steps}")
     # Rank 0 writes the results: a folder it cannot make stops the run now, not after training.
     rank0_only(rank, prepare_out_dir, args)
-    set_seed(args.seed)  # first: a random split of the data is the same in every run and process
+    set_seed(args.seed)  # first: a random split the data section draws is the same in every run
     train_set, val_set, num_outputs = rank0_first(rank, build_datasets, args)
     # [optional: model check]
     check_model_fits(args, num_outputs, train_set, val_set, world_size)
@@ -692,8 +691,8 @@ def rank0_only(rank, function, *args):
 
 
 def rank0_first(rank, function, *args, turns=None):
-    """Call function on rank 0 (a download, say), then on each other node's first process, then on
-    the rest, a barrier after each turn: no two write one file at once."""
+    """Call function on rank 0 (a section's download, say), then on each other node's first
+    process, then on the rest, a barrier after each turn: no two write one file at once."""
     first_of_node = int(os.environ.get("LOCAL_RANK", 0)) == 0
     function = returning_errors(function)  # [optional: error exchange]
     result = None
@@ -978,7 +977,7 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
         "scheduler": scheduler.state_dict(),
         "scaler": scaler.state_dict(), **{name: getattr(state, name) for name in SHARED_STATE},
         "world_size": dist.get_world_size(), "rank_states": gathered,
-        # The settings as JSON values (a Path flag as its text): what weights_only can load.
+        # The settings as JSON values (a section's Path flag as its text): what weights_only loads.
         "config": json.loads(json.dumps(vars(args), default=str)),
     }
     ckpt_dir = Path(args.out_dir) / "checkpoints"
@@ -1649,8 +1648,8 @@ def parse_args(argv=None):
     parser.add_argument("--clip-grad-norm", type=float, default=0.0,
                         help="clip the global gradient norm to this value; 0 turns clipping off")
     parser.add_argument("--resume", default="auto", help="auto: the newest readable checkpoint "
-                        "in <out-dir>/checkpoints, if any; none: start afresh; or a checkpoint's "
-                        "path (none and a path refuse an --out-dir holding later checkpoints)")
+                        "in <out-dir>/checkpoints, afresh if empty; none: afresh; or a checkpoint's"
+                        " path (none and a path refuse an --out-dir holding later checkpoints)")
     parser.add_argument("--ckpt-epochs", type=int, default=1,
                         help="checkpoint every this many epochs and after the last; 0: the last")
     parser.add_argument("--keep-last", type=int, default=3, help="checkpoints kept; older go")

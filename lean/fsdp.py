@@ -26,9 +26,9 @@ runs under autocast, as ddp_full.py does; --accum-steps K averages the gradients
 micro-batches, reduce-scattering each one's.
 
 Validation, checkpoints and resume are ddp_full.py's, sharded (torch.distributed.checkpoint: each
-process writes its shard); a resume on another number of processes reshards, one on as many is
-bitwise where workers draw no random augmentation and GPU kernels are deterministic. model.pt is
-the whole model, gathered to rank 0: it loads into the plain model.
+process writes its shard); a resume on another number of processes reshards, one on as many CPU
+processes without augmenting workers is bitwise. model.pt is the whole model, gathered to rank 0:
+it loads into the plain model.
 """
 import argparse
 import collections
@@ -86,7 +86,7 @@ def train(args):
         raise ConfigError(f"--accum-steps must be at least 1, got {args.accum_steps}")
     # Every process writes its shards: a folder one cannot make stops the run now, before training.
     rank0_first(rank, prepare_out_dir, args)
-    set_seed(args.seed)  # first: a random split of the data is the same in every run and process
+    set_seed(args.seed)  # first: a random split the data section draws is the same in every run
     train_set, val_set, num_outputs = rank0_first(rank, build_datasets, args)
     train_loader, val_loader = build_loaders(args, train_set, val_set, device, rank, world_size)
     # Found before the model is built: a checkpoint wins over the weights it would start from.
@@ -528,8 +528,8 @@ def rank0_only(rank, function, *args):
 
 
 def rank0_first(rank, function, *args, turns=None):
-    """Call function on rank 0 (a download, say), then on each other node's first process, then on
-    the rest, a barrier after each turn: no two write one file at once."""
+    """Call function on rank 0 (a section's download, say), then on each other node's first
+    process, then on the rest, a barrier after each turn: no two write one file at once."""
     first_of_node = int(os.environ.get("LOCAL_RANK", 0)) == 0
     result = None
     for turn in turns or [rank == 0, rank != 0 and first_of_node, not first_of_node]:
@@ -848,7 +848,7 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
         "scheduler": scheduler.state_dict(),
         "scaler": scaler.state_dict(), **{name: getattr(state, name) for name in SHARED_STATE},
         "world_size": dist.get_world_size(), "rank_states": gathered,
-        # The settings as JSON values (a Path flag as its text): what weights_only can load.
+        # The settings as JSON values (a section's Path flag as its text): what weights_only loads.
         "config": json.loads(json.dumps(vars(args), default=str)),
     }
     ckpt_dir = Path(args.out_dir) / "checkpoints"
@@ -897,8 +897,8 @@ def list_checkpoints(ckpt_dir):
 def load_checkpoint(path, args):
     """Read and check a checkpoint; anything wrong with it is a ConfigError naming the file."""
     try:
-        # To the CPU: random states must stay CPU tensors; load_state_dict copies the optimizer's
-        # state to the model's device. weights_only: tensors and plain containers: it runs no code.
+        # To the CPU: random states must stay CPU tensors. weights_only: tensors and plain
+        # containers: it runs no code.
         checkpoint = torch.load(Path(path) / "train_state.pt", map_location="cpu",
                                 weights_only=True)
     except Exception as err:  # weights_only runs nothing from the file: what fails is the file
@@ -1086,8 +1086,8 @@ def parse_args(argv=None):
                         "GPU steps after minutes of compiling, slower on CPU (default: off)")
     add_task_arguments(parser)
     parser.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none",
-                        help="gather the parameters in this precision for forward and backward "
-                             "(gradients reduced in float32); fp16 adds a GradScaler")
+                        help="gather the parameters in this precision (with BatchNorm: float32, "
+                             "under autocast); gradients reduced in float32; fp16: a GradScaler")
     parser.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=None,
                         help="4-D inputs in channels-last memory order; FSDP keeps the weights "
                              "contiguous, converted in each pass (default: on GPUs)")
@@ -1096,8 +1096,8 @@ def parse_args(argv=None):
     parser.add_argument("--clip-grad-norm", type=float, default=0.0,
                         help="clip the global gradient norm to this value; 0 turns clipping off")
     parser.add_argument("--resume", default="auto", help="auto: the newest readable checkpoint "
-                        "in <out-dir>/checkpoints, if any; none: start afresh; or a checkpoint's "
-                        "path (none and a path refuse an --out-dir holding later checkpoints)")
+                        "in <out-dir>/checkpoints, afresh if empty; none: afresh; or a checkpoint's"
+                        " path (none and a path refuse an --out-dir holding later checkpoints)")
     parser.add_argument("--ckpt-epochs", type=int, default=1,
                         help="checkpoint every this many epochs and after the last; 0: the last")
     parser.add_argument("--keep-last", type=int, default=3, help="checkpoints kept; older go")

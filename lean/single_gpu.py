@@ -36,7 +36,7 @@ def train(args):
     configure_cuda()
     # The results' folder, made now: one that cannot be made stops the run before training.
     prepare_out_dir(args)
-    set_seed(args.seed)  # first: a random split of the data is the same in every run and process
+    set_seed(args.seed)  # first: a random split the data section draws is the same in every run
     train_set, val_set, num_outputs = build_datasets(args)
     train_loader, val_loader = build_loaders(args, train_set, val_set, device)
     set_seed(args.seed)  # again: the weights start from the seed alone, whatever the data drew

@@ -17,6 +17,8 @@ from test_cluster import children, free_port, output, start, wait_for_checkpoint
 from test_bad_input import assert_one_clear_error
 from test_equivalence import WEIGHT_ATOL, assert_same_training
 
+pytestmark = pytest.mark.slow  # second tier, as a whole: the part "global batch" and cluster scenarios
+
 # 192 samples, a global batch of 32 = 8 per process x 2 processes x 2 micro-batches: 6 optimizer
 # steps an epoch, 2 epochs. Step 3 is mid-epoch 1, step 6 its end. On 1 process it is 8 x 4, on 4
 # processes 8 x 1: every micro-batch holds 8 samples on every world size.
@@ -32,10 +34,9 @@ def run(script, out_dir, *extra, nproc):
 # Measured on this AMD EPYC, every case (ddp_full and fsdp, 2 -> 1 and 2 -> 4, mid-epoch and at the
 # epoch's end) on its native kernels, ONEDNN_MAX_CPU_ISA=AVX2 with ATEN_CPU_CAPABILITY=default and
 # AVX512_CORE with avx2: at most 2.05e-8, no tie event (which would allow TIE_WEIGHT_ATOL).
-# The first tier keeps 2 -> 1 mid-epoch, the rest is tier 2. ddp_full.py's cases are mid-epoch only
-# (a resume at an epoch's end is the same arithmetic from another sample); fsdp.py's keep both.
-CASES = [pytest.param(script, nproc, stop, id=f"{script.removesuffix('.py')}-2to{nproc}-{stop}",
-                      marks=() if (script, nproc, stop) == ("ddp_full.py", 1, "mid-epoch") else pytest.mark.slow)
+# ddp_full.py's cases are mid-epoch only (a resume at an epoch's end is the same arithmetic from
+# another sample); fsdp.py's keep both.
+CASES = [pytest.param(script, nproc, stop, id=f"{script.removesuffix('.py')}-2to{nproc}-{stop}")
          for script in ("ddp_full.py", "fsdp.py") for nproc in (1, 4) for stop in STOPS
          if script == "fsdp.py" or stop == "mid-epoch"]
 
@@ -55,7 +56,6 @@ def test_a_resume_on_another_number_of_processes_with_global_batch_size_trains_a
     assert_same_training(reference, tmp_path, atol=WEIGHT_ATOL)
 
 
-@pytest.mark.slow
 def test_without_global_batch_size_a_resume_on_fewer_processes_goes_on_with_a_smaller_global_batch(tmp_path):
     # --accum-steps stays as given: the global batch is the new world's, and the resume line says so.
     args = ["--batch-size", "8", "--accum-steps", "2"]
@@ -67,7 +67,6 @@ def test_without_global_batch_size_a_resume_on_fewer_processes_goes_on_with_a_sm
     assert "epoch 1/2 step 9/9" in resumed.stdout
 
 
-@pytest.mark.slow
 def test_an_elastic_run_that_loses_a_node_finishes_on_the_node_left(runs, tmp_path):
     # Two torchrun agents on loopback, --nnodes=1:2, a process each. After a checkpoint the agent
     # that does not host the rendezvous is SIGKILLed with its worker, as a node that fails; the
@@ -93,7 +92,6 @@ def test_an_elastic_run_that_loses_a_node_finishes_on_the_node_left(runs, tmp_pa
     assert_same_training(reference, out_dir, atol=WEIGHT_ATOL)
 
 
-@pytest.mark.slow
 def test_global_batch_size_given_first_on_a_resume_keeps_the_global_batch_of_the_run(runs, tmp_path):
     # The run had --accum-steps 2 on 2 processes (32 a step); its resume on 1 adds --global-batch-size 32.
     reference = runs.get("ddp_full_global32_w2", "ddp_full.py", GLOBAL, nproc=2)
@@ -109,7 +107,6 @@ def test_global_batch_size_given_first_on_a_resume_keeps_the_global_batch_of_the
     assert_one_clear_error(refused, "ddp_full.py", "is from a run with --accum-steps 2, this run has 8")
 
 
-@pytest.mark.slow
 def test_resnet18_with_augmenting_workers_resumes_on_another_number_of_processes(image_tree, tmp_path):
     # BatchNorm (rank 0's statistics go on) and augmenting workers (each sample's draws keyed by
     # (seed, epoch, index)) across a world change: 24 images, 8 a step, stopped after step 1 of 3 on

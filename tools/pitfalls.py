@@ -1183,7 +1183,7 @@ PITFALLS = [
                    "another split, one trains on another's held-out samples, and `--seed` repeats nothing",
         "correct": "`set_seed(args.seed)` first, before the data section: every process and every run draws "
                    "the same split; and again before the model, whose weights start from the seed alone",
-        "fix": [(script, "set_seed(args.seed)  # first: a random split of the data is the same in every run")
+        "fix": [(script, "set_seed(args.seed)  # first: a random split the data section draws is the same")
                 for script in ("single_gpu.py", "dataparallel.py", "ddp_basic.py", "ddp_amp_accum.py",
                                "ddp_full.py", "fsdp.py")],
         "guards": ["tests/test_data.py::"
