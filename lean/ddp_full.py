@@ -644,7 +644,7 @@ def save_checkpoint(args, model, optimizer, scheduler, scaler, state):
 def tensors_in(obj):
     """The tensors in obj and in its dicts, lists and tuples."""
     if isinstance(obj, torch.Tensor):
-        yield obj.to_local() if hasattr(obj, "to_local") else obj  # a DTensor: this process's part
+        yield obj
     elif isinstance(obj, (dict, list, tuple)):
         for value in obj.values() if isinstance(obj, dict) else obj:
             yield from tensors_in(value)
