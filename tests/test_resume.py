@@ -77,23 +77,6 @@ def test_resume_restores_the_grad_scaler_state(runs, tmp_path):
     assert resumed["scaler"]["scale"] == 1024.0
 
 
-# mobilenet_v3_small has dropout (p=0.2) before its classifier: its masks draw from each process's
-# global torch generator. 2 processes x 8 of 48 samples: 3 optimizer steps an epoch, 2 epochs.
-DROPOUT = ["--model", "mobilenet_v3_small", "--workers", "0", "--train-samples", "48", "--val-samples", "23",
-           "--batch-size", "8", "--log-interval", "1000"]
-
-
-@pytest.mark.slow
-def test_mid_epoch_resume_with_dropout_restores_the_random_state(runs, tmp_path):
-    # Only each process's restored random state makes the resumed steps drop what the
-    # uninterrupted run dropped.
-    reference = runs.get("full_dropout_w2", "ddp_full.py", DROPOUT, nproc=2)
-    run_full(tmp_path, *DROPOUT, "--max-steps", "2")
-    resumed = run_full(tmp_path, *DROPOUT)
-    assert "step_000000002.pt: step 2 of epoch 1" in resumed.stdout
-    assert_bitwise_equal(reference, tmp_path)
-
-
 @pytest.mark.slow
 def test_mid_epoch_resume_with_random_augmentation_is_bitwise(runs, image_tree, tmp_path):
     # Random crops and flips are seeded per sample (SeededSamples): a resumed run crops and flips

@@ -160,7 +160,8 @@ def test_sharded_validation_of_a_token_mean_equals_a_one_process_evaluation(runs
 @pytest.mark.slow
 @pytest.mark.parametrize("script", ["ddp_full.py", "fsdp.py"])
 def test_a_language_model_with_dropout_resumes_bitwise(runs, script, tmp_path):
-    # Dropout draws from each process's generator: a resume mid-epoch gives each its random state back.
+    # Dropout draws from each process's generator: a resume mid-epoch gives each its random state back;
+    # only that makes the resumed steps drop what the uninterrupted run dropped.
     args = [*LM_ARGS[:4], "--lr", "0.3", "--log-interval", "1000", *ACCUM]  # dropout 0.1, the section's default
     straight = run(runs, "LM", script, args, name=f"lm_dropout_{script}")
     copy = section_copy(runs, "LM", script)

@@ -334,7 +334,7 @@ PITFALLS = [
                    "uninterrupted run",
         "correct": "rank 0 gathers every process's Python and torch RNG states; each process restores its own",
         "fix": [("ddp_full.py", "set_rng_state(state.rng)")],
-        "guards": ["tests/test_resume.py::test_mid_epoch_resume_with_dropout_restores_the_random_state"],
+        "guards": ["tests/test_sections.py::test_a_language_model_with_dropout_resumes_bitwise[ddp_full.py]"],
         "mutation": ("ddp_full.py", "    set_rng_state(state.rng)\n", "    pass\n"),
     },
     {
