@@ -176,6 +176,17 @@ def test_readme_shows_the_recorded_diff_sizes_in_ladder_order():
     assert positions == sorted(positions)
 
 
+def test_readme_shows_the_lean_copies_diff_sizes_beside_the_whole_scripts():
+    # What a learner reads: `diff lean/A lean/B`, counted as the whole scripts' diffs are.
+    readme = (ROOT / "README.md").read_text()
+    for index, (old, new) in enumerate(ladder.STEPS, 1):
+        added, removed = MANIFEST[new]["diff_size"]
+        lean = ladder.diff_size(*((ROOT / "lean" / name).read_text() for name in (old, new)))
+        link = f"docs/diffs/{index}-{old.removesuffix('.py')}-to-{new.removesuffix('.py')}.diff"
+        row = readme.split(link, 1)[1].splitlines()[0]
+        assert row.endswith(f"| +{added} / −{removed} | +{lean[0]} / −{lean[1]} |"), (link, row, lean)
+
+
 def test_neighbouring_scripts_differ_only_where_the_manifest_declares():
     failures = guard_failures()
     assert not failures, "\n\n".join(failures)
