@@ -4,6 +4,7 @@ names that earlier sections or steps introduce, shows a handful of regions and t
 concept's mechanism, and nothing twice. The Markdown page (what GitHub shows) holds all of it, and
 renders as written; the README states each page's size. A page teaches the lesson: the diff of the
 lean neighbours (LESSON: the scripts with their optional parts deleted, as lean/ holds them)."""
+import functools
 import re
 import sys
 
@@ -22,10 +23,13 @@ STEP_IDS = [new for _, _, new in GUIDED]
 LESSON = make_diffs.lesson_root(ROOT)
 
 
+# Made once per step and process: the tests that change the manifest call make_diffs themselves.
+@functools.cache
 def page(index, old, new):
     return make_diffs.guided_page(index, old, new, LESSON)
 
 
+@functools.cache
 def markdown_page(index, old, new):
     return make_diffs.guided_markdown(index, old, new, LESSON)
 
